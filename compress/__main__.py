@@ -1,0 +1,3 @@
+from compress.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,16 @@
+from compress.cli.common import add_config_args, config_from_args
+from compress.finetune import EvalConfig, run_eval
+
+HELP = "evaluate a fine-tuned model (run folder or model folder) on a task's eval split"
+EXAMPLES = """examples:
+  compress eval --model artifacts/finetune/20261122-101500-sst2 --task sst2 --data-dir ../shared/data
+"""
+
+
+def add_arguments(parser):
+    add_config_args(parser, EvalConfig, {"model": "run folder or fine-tuned model folder"})
+
+
+def run(args):
+    run_eval(config_from_args(EvalConfig, args))
+    return 0

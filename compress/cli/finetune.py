@@ -1,0 +1,25 @@
+from compress.cli.common import add_config_args, config_from_args
+from compress.finetune import FinetuneConfig, run_finetune
+
+HELP = "fine-tune a model's task head end to end and evaluate it on the task's dev split"
+EXAMPLES = """examples:
+  compress finetune                                   # packaged MiniLM on the bundled sample
+  compress finetune --task sst2 --data-dir ../shared/data --train-limit 20000 --epochs 1
+  compress finetune --task reuters --data-dir ../shared/data --max-length 256 --lr 1e-4
+  compress finetune --task csv --data-dir mydata --text-column review --label-column stars
+"""
+HELPS = {
+    "task": "task name (see README)", "model": "minilm, a model folder, a run folder or a hub name",
+    "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
+    "train_limit": "use only the first N training examples", "out": "run folder to create",
+    "resume": "continue an interrupted run in --out from its last checkpoint",
+}
+
+
+def add_arguments(parser):
+    add_config_args(parser, FinetuneConfig, HELPS)
+
+
+def run(args):
+    run_finetune(config_from_args(FinetuneConfig, args))
+    return 0

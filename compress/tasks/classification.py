@@ -1,0 +1,192 @@
+"""Single-label classification tasks: GLUE TSVs (single sentence and pairs), AG News, movie reviews,
+the bundled sample, and generic CSV/JSONL files."""
+
+from __future__ import annotations
+
+import csv
+from importlib import resources
+from pathlib import Path
+
+from compress.errors import DataError
+from compress.tasks.base import DataOptions, TextDataset, check_label, task_folder
+from compress.tasks.readers import column, read_delimited, read_jsonl, read_text
+
+_SPLIT_FILES = {"train": ("train",), "dev": ("dev", "validation"), "test": ("test",)}
+
+
+def _split_file(folder: Path, split: str, exts: tuple[str, ...]) -> Path:
+    for stem in _SPLIT_FILES.get(split, (split,)):
+        for ext in exts:
+            p = folder / f"{stem}.{ext}"
+            if p.is_file():
+                return p
+    expected = f"{_SPLIT_FILES.get(split, (split,))[0]}.{exts[0]}"
+    raise DataError(f"no {split} file in {folder}: expected {expected}")
+
+
+def _from_hub(hub: str, split: str, text: str, pair: str | None, label: str,
+              label_names: tuple[str, ...]) -> TextDataset:
+    """Load a split from the Hugging Face hub (needs internet)."""
+    import datasets
+
+    name, _, config = hub.partition(":")
+    hub_split = {"dev": "validation"}.get(split, split)
+    try:
+        ds = datasets.load_dataset(name, config or None, split=hub_split)
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one actionable line
+        raise DataError(f"could not load '{hub}' split '{hub_split}' from the hub "
+                        f"({type(exc).__name__}); pass --data-dir with a local copy") from None
+    pairs = [str(x) for x in ds[pair]] if pair else None
+    labels = [check_label(v, label_names, f"hub {hub}") for v in ds[label]]
+    return TextDataset([str(x) for x in ds[text]], labels, label_names, pairs)
+
+
+def glue_loader(dirs: tuple[str, ...], labels: tuple[str, ...], text: str, pair: str | None,
+                label: str, hub: str, headerless: tuple[int, int | None, int] | None = None):
+    """A loader for a GLUE-style TSV task.
+
+    ``headerless`` gives (text, pair, label) column indices for files without a header row, as in
+    the original CoLA distribution.
+    """
+
+    def load(opts: DataOptions, split: str) -> TextDataset:
+        if opts.data_dir is None:
+            return _from_hub(hub, split, text, pair, label, labels)
+        path = _split_file(task_folder(opts, dirs, ("train.tsv", "dev.tsv")), split, ("tsv",))
+        first = read_text(path, "utf-8-sig").split("\n", 1)[0].split("\t")
+        has_header = label in first or (text in first)
+        head, rows = read_delimited(path, "\t", header=has_header or headerless is None,
+                                    quoting=csv.QUOTE_NONE)
+        if head is not None:
+            ti, li = column(head, text, path), column(head, label, path)
+            pi = column(head, pair, path) if pair else None
+        else:
+            assert headerless is not None
+            ti, pi, li = headerless
+            for n, r in enumerate(rows, start=1):
+                if len(r) <= max(ti, li, pi or 0):
+                    raise DataError(f"{path}:{n}: expected at least {max(ti, li) + 1} columns")
+        start = 2 if head is not None else 1
+        ys = [check_label(r[li], labels, f"{path}:{i}") for i, r in enumerate(rows, start=start)]
+        return TextDataset([r[ti].strip() for r in rows], ys, labels,
+                           [r[pi].strip() for r in rows] if pi is not None else None)
+
+    return load
+
+
+AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")
+
+
+def load_ag_news(opts: DataOptions, split: str) -> TextDataset:
+    """AG News: original CSV (class 1-4, title, description, no header); for train, the 10k TSV
+    subset (``description<TAB>class name``) is used when the full ``train.csv`` is absent."""
+    if opts.data_dir is None:
+        return _from_hub("fancyzhx/ag_news", "test" if split == "dev" else split, "text", None,
+                         "label", AG_NEWS_LABELS)
+    folder = task_folder(opts, ("ag_news",), ("test.csv", "train.csv", "train_subset_10k_alps.tsv"))
+    stem = "test" if split in ("dev", "test") else "train"
+    path = folder / f"{stem}.csv"
+    if path.is_file():
+        _, rows = read_delimited(path, ",", header=False)
+        texts, ys = [], []
+        for i, r in enumerate(rows, start=1):
+            if len(r) != 3:
+                raise DataError(f"{path}:{i}: expected 3 columns (class, title, description), got {len(r)}")
+            cls = r[0].strip()
+            if not (cls.isdigit() and 1 <= int(cls) <= 4):
+                raise DataError(f"{path}:{i}: label '{cls}' is not in the label set 1-4")
+            ys.append(int(cls) - 1)
+            texts.append(f"{r[1].strip()} {r[2].strip()}".replace("\\", " "))
+        return TextDataset(texts, ys, AG_NEWS_LABELS)
+    alt = folder / "train_subset_10k_alps.tsv"
+    if stem == "train" and alt.is_file():
+        _, rows = read_delimited(alt, "\t", header=False, quoting=csv.QUOTE_NONE)
+        ys = [check_label(r[-1], AG_NEWS_LABELS, f"{alt}:{i}") for i, r in enumerate(rows, 1)]
+        return TextDataset([r[0].strip() for r in rows], ys, AG_NEWS_LABELS)
+    raise DataError(f"no AG News {split} file in {folder}: expected {stem}.csv")
+
+
+MOVIE_LABELS = ("neg", "pos")
+
+
+def load_movie_reviews(opts: DataOptions, split: str) -> TextDataset:
+    """Pang & Lee polarity v2: ``pos/`` and ``neg/`` folders of .txt files. No official split:
+    files sorted by name, every fifth (index % 5 == 4) is dev, giving 1,600/400."""
+    if opts.data_dir is None:
+        raise DataError("movie_reviews has no hub copy; pass --data-dir with pos/ and neg/ folders")
+    folder = task_folder(opts, ("movie_reviews", "movie_reviews_polarity_v2"), ("pos", "neg"))
+    texts, ys = [], []
+    for y, name in enumerate(MOVIE_LABELS):
+        files = sorted((folder / name).glob("*.txt"))
+        if not files:
+            raise DataError(f"no .txt files in {folder / name}")
+        for i, f in enumerate(files):
+            if (i % 5 == 4) == (split in ("dev", "test")):
+                texts.append(" ".join(read_text(f).split()))
+                ys.append(y)
+    return TextDataset(texts, ys, MOVIE_LABELS)
+
+
+SAMPLE_LABELS = ("negative", "positive")
+
+
+def load_sample(opts: DataOptions, split: str) -> TextDataset:
+    """The bundled smoke sample (``compress/data/sample.tsv``): every fifth row is dev."""
+    path = Path(str(resources.files("compress") / "data" / "sample.tsv"))
+    head, rows = read_delimited(path, "\t", quoting=csv.QUOTE_NONE)
+    keep = [r for i, r in enumerate(rows) if (i % 5 == 0) == (split in ("dev", "test"))]
+    ys = [check_label(r[1], SAMPLE_LABELS, f"{path}") for r in keep]
+    return TextDataset([r[0] for r in keep], ys, SAMPLE_LABELS)
+
+
+def infer_labels(raw: list[str]) -> tuple[str, ...]:
+    """Label names of a generic file: sorted numerically when all are integers, else by name."""
+    uniq = sorted(set(raw))
+    if all(u.lstrip("-").isdigit() for u in uniq):
+        uniq = sorted(uniq, key=int)
+    return tuple(uniq)
+
+
+def generic_loader(ext: str):
+    """``csv``/``jsonl`` tasks: ``<data-dir>/train.<ext>`` and ``dev.<ext>`` (or ``test``), columns
+    chosen with --text-column, --text-pair-column and --label-column. Labels are the sorted distinct
+    values of the train file; an eval label outside them is an error."""
+
+    def rows_of(path: Path, opts: DataOptions) -> tuple[list[str], list[str] | None, list[str]]:
+        cols = [opts.text_column, opts.label_column] + (
+            [opts.text_pair_column] if opts.text_pair_column else [])
+        if ext == "csv":
+            head, rows = read_delimited(path, ",")
+            idx = [column(head, c, path) for c in cols]
+            table = [[r[i] for i in idx] for r in rows]
+        else:
+            table = []
+            for n, rec in enumerate(read_jsonl(path), start=1):
+                missing = [c for c in cols if c not in rec]
+                if missing:
+                    raise DataError(f"{path}:{n}: no field '{missing[0]}'; fields are {sorted(rec)} "
+                                    "(choose with --text-column/--text-pair-column/--label-column)")
+                table.append([str(rec[c]) for c in cols])
+        texts = [t[0] for t in table]
+        labels = [t[1].strip() for t in table]
+        pairs = [t[2] for t in table] if opts.text_pair_column else None
+        return texts, pairs, labels
+
+    def load(opts: DataOptions, split: str) -> TextDataset:
+        if opts.data_dir is None:
+            raise DataError(f"task {ext} needs --data-dir with train.{ext} and dev.{ext}")
+        train_path = _split_file(opts.data_dir, "train", (ext,))
+        _, _, train_labels = rows_of(train_path, opts)
+        names = infer_labels(train_labels)
+        path = train_path if split == "train" else _split_file(opts.data_dir, split, (ext,))
+        texts, pairs, raw = rows_of(path, opts)
+        ys = [check_label(v, names, f"{path}:{i}") if v in names else _bad(v, names, path, i)
+              for i, v in enumerate(raw, start=1)]
+        return TextDataset(texts, ys, names, pairs)
+
+    return load
+
+
+def _bad(value: str, names: tuple[str, ...], path: Path, i: int) -> int:
+    raise DataError(f"{path}:{i}: label '{value}' is not in the label set {list(names)} seen in the "
+                    "train file (fix the row or add the label to train)")

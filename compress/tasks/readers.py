@@ -1,0 +1,69 @@
+"""Readers for the file formats the tasks use. Every problem becomes a DataError naming file and line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from compress.errors import DataError
+
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+def read_text(path: Path, encoding: str = "utf-8") -> str:
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    try:
+        return path.read_text(encoding=encoding)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not valid {encoding} text at byte {exc.start} "
+                        "(re-save the file as UTF-8)") from None
+
+
+def read_delimited(path: Path, delimiter: str, header: bool = True,
+                   quoting: int = csv.QUOTE_MINIMAL) -> tuple[list[str] | None, list[list[str]]]:
+    """Rows of a CSV/TSV file; the header (if any) separately. Empty files are an error."""
+    text = read_text(path, encoding="utf-8-sig")
+    if not text.strip():
+        raise DataError(f"{path} is empty (expected a header and data rows)")
+    try:
+        rows = list(csv.reader(text.splitlines(), delimiter=delimiter, quoting=quoting))
+    except csv.Error as exc:
+        raise DataError(f"{path}: malformed {'TSV' if delimiter == chr(9) else 'CSV'}: {exc}") from None
+    rows = [r for r in rows if r]
+    head = rows.pop(0) if header else None
+    if header and not rows:
+        raise DataError(f"{path} has a header but no data rows")
+    if head is not None:
+        width = len(head)
+        for i, r in enumerate(rows, start=2):
+            if len(r) != width:
+                raise DataError(f"{path}:{i}: expected {width} columns as in the header, got {len(r)}")
+    return head, rows
+
+
+def column(head: list[str], name: str, path: Path) -> int:
+    if name not in head:
+        raise DataError(f"{path}: no column '{name}'; columns are {head} "
+                        "(choose with --text-column/--text-pair-column/--label-column)")
+    return head.index(name)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    text = read_text(path)
+    records = []
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}:{i}: each line must be a JSON object")
+        records.append(rec)
+    if not records:
+        raise DataError(f"{path} is empty (expected one JSON object per line)")
+    return records

@@ -1,0 +1,1 @@
+"""Staged workflows built on the library; the library never imports this package."""

@@ -1,0 +1,1 @@
+"""Student models for distillation; one file per student and the registry in ``registry.py``."""
