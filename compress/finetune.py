@@ -87,8 +87,20 @@ def run_finetune(cfg: FinetuneConfig, command: str = "finetune",
                  hook_factory: HookFactory | None = None, extra_meta: dict | None = None) -> Path:
     """Fine-tune ``cfg.model`` on ``cfg.task``; returns the finished run folder.
 
-    ``hook_factory(model)`` adds training hooks (pruning, kept masks) without changing the loop.
+    The task's family picks the workflow from ``FINETUNE_FAMILIES`` (QA and retrieval register
+    theirs there). ``hook_factory(model)`` adds training hooks (pruning, kept masks) without
+    changing the loop.
     """
+    family = get_task(cfg.task).family
+    if family not in FINETUNE_FAMILIES:
+        known = ", ".join(FINETUNE_FAMILIES)
+        raise UsageError(f"task family '{family}' cannot be fine-tuned; known: {known}")
+    return FINETUNE_FAMILIES[family](cfg, command, hook_factory, extra_meta)
+
+
+def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
+                        hook_factory: HookFactory | None = None, extra_meta: dict | None = None) -> Path:
+    """The classification/multi-label workflow of ``run_finetune``."""
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
@@ -120,6 +132,12 @@ def run_finetune(cfg: FinetuneConfig, command: str = "finetune",
     print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} {spec.eval_split} "
           f"examples ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
     return run.path
+
+
+FINETUNE_FAMILIES: dict[str, Callable[..., Path]] = {
+    "classification": finetune_classifier,
+    "multilabel": finetune_classifier,
+}
 
 
 @dataclass(frozen=True)

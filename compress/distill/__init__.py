@@ -1,0 +1,1 @@
+"""distill building blocks."""

@@ -1,0 +1,1 @@
+"""export building blocks."""

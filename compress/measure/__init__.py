@@ -1,0 +1,1 @@
+"""measure building blocks."""

@@ -1,0 +1,1 @@
+"""pruning building blocks."""
