@@ -19,6 +19,7 @@ _TITLE = re.compile(r"<TITLE>(.*?)</TITLE>", re.S)
 _BODY = re.compile(r"<BODY>(.*?)</BODY>", re.S)
 _TEXT = re.compile(r"<TEXT[^>]*>(.*?)</TEXT>", re.S)
 _TAG = re.compile(r"<[^>]+>")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def parse_sgml(text: str, where: str) -> list[dict]:
@@ -39,7 +40,7 @@ def parse_sgml(text: str, where: str) -> list[dict]:
             "split": attrs.get("LEWISSPLIT", ""),
             "has_topics": attrs.get("TOPICS", "") == "YES",
             "topics": topics,
-            "text": " ".join(" ".join(parts).replace("\x03", " ").split()),
+            "text": " ".join(_CONTROL.sub(" ", " ".join(parts)).split()),
         })
     if not docs:
         raise DataError(f"{where}: no <REUTERS> documents found (is this a Reuters-21578 .sgm file?)")
