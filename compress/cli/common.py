@@ -52,6 +52,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str,
         default = f.default if f.default is not dataclasses.MISSING else None
         text = helps.get(f.name, "")
         text = f"{text} (default: {default})" if text else f"default: {default}"
+        text = text.replace("%", "%%")  # argparse formats help with %-style placeholders
         if f.name in positional:
             parser.add_argument(f.name, nargs="?", default=argparse.SUPPRESS, help=text)
             continue
