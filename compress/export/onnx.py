@@ -1,0 +1,475 @@
+"""ONNX export: declared inputs -> export -> mandatory parity check -> optional optimize / int8.
+
+* Inputs are declared per model kind: BERT classifiers take ``input_ids, attention_mask,
+  token_type_ids``; students and other modules with the ``forward(input_ids, attention_mask=None)``
+  contract take the first two. Batch and sequence axes are dynamic.
+* The export uses the TorchScript exporter (``dynamo=False``) on a model loaded with eager
+  attention: that graph has the MatMul/Softmax/MatMul pattern onnxruntime's transformer optimizer
+  fuses into ``Attention``. An sdpa export (and the dynamo exporter) does not fuse.
+* Parity: the ONNX model is run on several (batch, length) shapes with padding in the attention
+  mask and compared with PyTorch; every mismatch is collected, then one ParityError names each
+  output, its max difference and the shapes. fp32 tolerance 1e-4 (absolute, on logits); int8
+  models get a looser stated tolerance (``INT8_ATOL``) plus the argmax agreement.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from compress.config import check_choice, check_range, to_dict
+from compress.errors import ModelError, ParityError, UsageError
+
+FP32_ATOL = 1e-4
+INT8_ATOL = 0.5  # logits; dynamic int8 rounds activations per tensor, so differences of 0.05-0.3 are normal
+DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((1, 8), (2, 16), (3, 37))
+BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+STUDENT_INPUTS = ("input_ids", "attention_mask")
+QUANTIZE_CHOICES = ("int8",)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedModel:
+    """A torch model with its declared input names and what is known about it."""
+
+    model: torch.nn.Module
+    input_names: tuple[str, ...]
+    kind: str                      # "bert" | "student" | "module"
+    path: str | None = None        # folder it came from
+    meta: dict[str, Any] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        cfg = getattr(self.model, "config", None)
+        if cfg is not None and getattr(cfg, "vocab_size", None):
+            return int(cfg.vocab_size)
+        for m in self.model.modules():
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                return int(m.num_embeddings)
+        return 1000
+
+
+def is_onnx_file(spec: str) -> bool:
+    return str(spec).lower().endswith(".onnx")
+
+
+def _load_student_folder(folder: Path) -> LoadedModel | None:
+    """A student saved by ``students`` (when that package provides a loader), else None."""
+    try:
+        from students import registry  # noqa: PLC0415 - optional until the students land
+    except ImportError:
+        return None
+    loader = getattr(registry, "load_student", None)
+    if loader is None:
+        return None
+    try:
+        model = loader(folder)
+    except Exception:  # noqa: BLE001 - not a student folder; the caller tries the next kind
+        return None
+    if model is None:
+        return None
+    return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(folder))
+
+
+def load_torch_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
+    """A BERT classifier (model folder, run folder, 'minilm', structured-pruned) or a student.
+
+    Encoder-only folders (no classification head saved) get a randomly initialised 2-label head;
+    the timing and FLOPs are those of a classifier, the outputs are not meaningful predictions.
+    """
+    if is_onnx_file(spec):
+        raise UsageError(f"{spec} is an ONNX file; this step needs a PyTorch model folder")
+    p = Path(spec).expanduser()
+    if p.is_file():
+        raise ModelError(f"{p} is a file, not a model; pass a model folder, a run folder, "
+                         "'minilm' or an .onnx file")
+    for folder in (p / "model", p):
+        if folder.is_dir() and not (folder / "config.json").is_file():
+            student = _load_student_folder(folder)
+            if student is not None:
+                return student
+    from transformers import AutoModelForSequenceClassification
+
+    import compress.pruning.structured  # noqa: F401 - registers the structured-pruned BERT class
+    from compress.models import read_meta, resolve_model
+
+    path = resolve_model(spec)
+    meta = read_meta(path)
+    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation, "use_safetensors": True}
+    if "label_names" not in meta:
+        kwargs["num_labels"] = 2
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - loading failures become one line
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ModelError(f"could not load model '{spec}': {first}") from None
+    params = inspect.signature(model.forward).parameters
+    names = tuple(n for n in BERT_INPUTS if n in params)
+    return LoadedModel(model.eval(), names, "bert", path, meta)
+
+
+def wrap_module(model: torch.nn.Module, input_names: tuple[str, ...] = STUDENT_INPUTS) -> LoadedModel:
+    """Any module with the ``forward(input_ids, attention_mask=None) -> logits`` contract."""
+    return LoadedModel(model.eval(), input_names, "module")
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def example_inputs(loaded: LoadedModel, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random token ids; rows after the first are right-padded so the mask matters."""
+    g = torch.Generator().manual_seed(seed + 1000 * batch + length)
+    low = min(100, loaded.vocab_size - 1)
+    ids = torch.randint(low, loaded.vocab_size, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row in range(1, batch):
+        keep = max(1, length - (row * length) // (batch + 1))
+        mask[row, keep:] = 0
+    out = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in loaded.input_names:
+        tt = torch.zeros(batch, length, dtype=torch.long)
+        tt[:, length // 2:] = 1
+        out["token_type_ids"] = tt
+    return {k: v for k, v in out.items() if k in loaded.input_names}
+
+
+def torch_logits(loaded: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        out = loaded.model(**inputs)
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    return logits if logits is not None else out[0]
+
+
+class _Exportable(torch.nn.Module):
+    """Positional inputs in the declared order -> one ``logits`` tensor."""
+
+    def __init__(self, loaded: LoadedModel):
+        super().__init__()
+        self.model = loaded.model
+        self._loaded = loaded
+
+    def forward(self, *args):
+        return torch_logits(self._loaded, dict(zip(self._loaded.input_names, args)))
+
+
+# ----------------------------------------------------------------------------- export + parity
+
+
+def export_onnx(loaded: LoadedModel, path: str | Path, opset: int = 17) -> Path:
+    """Export with dynamic batch and sequence axes; output ``logits`` [batch, labels]."""
+    path = Path(path)
+    names = loaded.input_names
+    sample = example_inputs(loaded, 2, 16)
+    dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
+    dynamic["logits"] = {0: "batch"}
+    with torch.no_grad():
+        torch.onnx.export(_Exportable(loaded).eval(), tuple(sample[n] for n in names), str(path),
+                          input_names=list(names), output_names=["logits"], dynamic_axes=dynamic,
+                          opset_version=opset, do_constant_folding=True, dynamo=False)
+    return path
+
+
+def check_parity(loaded: LoadedModel, onnx_path: str | Path, shapes=DEFAULT_SHAPES,
+                 atol: float = FP32_ATOL, provider: str | None = "CPUExecutionProvider",
+                 label: str = "fp32") -> dict[str, Any]:
+    """Compare ONNX and PyTorch outputs on every (batch, length) shape; raise on any mismatch.
+
+    Returns ``{"atol", "shapes", "max_abs_diff", "argmax_agreement"}``; raises ParityError naming
+    each output, its max difference and the shapes where it exceeded ``atol``.
+    """
+    from compress.export.ort import OrtModel
+
+    ort_model = OrtModel(onnx_path, provider=provider)
+    worst: dict[str, float] = {}
+    bad: dict[str, list[str]] = {}
+    agree = total = 0
+    for batch, length in shapes:
+        inputs = example_inputs(loaded, batch, length)
+        ref = {"logits": torch_logits(loaded, inputs).float().numpy()}
+        got = ort_model.run(inputs)
+        for name, want in ref.items():
+            have = got.get(name)
+            if have is None or have.shape != want.shape:
+                shape = None if have is None else have.shape
+                raise ParityError(f"ONNX output '{name}' has shape {shape}, PyTorch {want.shape} "
+                                  f"at batch {batch} x length {length}")
+            diff = float(np.max(np.abs(have.astype(np.float64) - want)))
+            worst[name] = max(worst.get(name, 0.0), diff)
+            if not diff <= atol:  # also catches NaN
+                bad.setdefault(name, []).append(f"{batch}x{length}")
+            agree += int(np.sum(have.argmax(-1) == want.argmax(-1)))
+            total += want.shape[0]
+    if bad:
+        parts = [f"output '{n}' max |diff| {worst[n]:.3g} > {atol:g} at batch x length {', '.join(s)}"
+                 for n, s in bad.items()]
+        raise ParityError(f"{label} ONNX model {Path(onnx_path).name} does not match PyTorch: "
+                          + "; ".join(parts))
+    return {"label": label, "atol": atol, "shapes": [list(s) for s in shapes],
+            "max_abs_diff": worst, "argmax_agreement": agree / total if total else 1.0}
+
+
+# ----------------------------------------------------------------------------- optimize + quantize
+
+
+def attention_shape(loaded: LoadedModel) -> tuple[int, int]:
+    """(num_heads, hidden_size) to give the optimizer; (0, 0) lets it read them from the graph."""
+    cfg = getattr(loaded.model, "config", None)
+    if cfg is None:
+        return 0, 0
+    heads = getattr(cfg, "layer_heads", None)
+    if heads and len(set(heads)) > 1:
+        return 0, 0  # per-layer head counts differ: the fusion reads each layer's from its Reshape
+    if heads:
+        head_size = cfg.hidden_size // cfg.num_attention_heads
+        return int(heads[0]), int(heads[0]) * head_size
+    return int(cfg.num_attention_heads), int(cfg.hidden_size)
+
+
+def pin_attention_heads(path: str | Path) -> int:
+    """Write each layer's head count into its Q/K/V Reshape, in place; returns how many were pinned.
+
+    BERT reshapes projections to ``[batch, length, -1, head_size]``. With uniform heads the optimizer
+    is told the count, but a structured-pruned model has a different count per layer and the
+    fusion gives up on ``-1``. The count is the projection's width (its MatMul weight's columns)
+    divided by the head size, so it is written as a constant in that Reshape's shape.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    inits = {i.name: i for i in graph.initializer}
+
+    def const(name: str):
+        if name in inits:
+            return numpy_helper.to_array(inits[name])
+        node = producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def weight_columns(name: str) -> int | None:
+        node = producer.get(name)
+        if node is not None and node.op_type == "Add":
+            for inp in node.input:
+                mm = producer.get(inp)
+                if mm is not None and mm.op_type == "MatMul" and mm.input[1] in inits:
+                    return int(inits[mm.input[1]].dims[-1])
+        return None
+
+    pinned = 0
+    for node in graph.node:
+        if node.op_type != "Reshape":
+            continue
+        concat = producer.get(node.input[1])
+        if concat is None or concat.op_type != "Concat" or len(concat.input) != 4:
+            continue
+        heads_c, size_c = const(concat.input[2]), const(concat.input[3])
+        if heads_c is None or size_c is None or heads_c.size != 1 or int(heads_c.ravel()[0]) != -1:
+            continue
+        width = weight_columns(node.input[0])
+        head_size = int(size_c.ravel()[0])
+        if width is None or head_size <= 0 or width % head_size:
+            continue
+        name = f"{node.name or node.output[0]}_num_heads"
+        graph.initializer.append(numpy_helper.from_array(
+            np.array([width // head_size], dtype=heads_c.dtype), name))
+        concat.input[2] = name
+        pinned += 1
+    if pinned:
+        onnx.save(model, str(path))
+    return pinned
+
+
+def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_size: int = 0,
+                  model_type: str = "bert") -> dict[str, int]:
+    """onnxruntime's transformer optimizer; returns its fused-operator counts (Attention, ...)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    if num_heads == 0:
+        work = Path(dst).with_suffix(".pinned.onnx")
+        shutil.copyfile(src, work)
+        pin_attention_heads(work)
+        src = work
+    opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
+                         opt_level=0, use_gpu=False)
+    opt.save_model_to_file(str(dst))
+    if num_heads == 0:
+        Path(src).unlink()
+    stats = opt.get_fused_operator_statistics()
+    return {k: int(v) for k, v in stats.items() if v}
+
+
+def quantize_int8(src: str | Path, dst: str | Path) -> Path:
+    """Dynamic int8: int8 weights, activations quantized per batch at run time (MatMulInteger)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # Fused contrib ops (Attention, SkipLayerNormalization) have no shape-inference types; their
+    # outputs are float32, which is what DefaultTensorType says.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs a "consider pre-processing" hint on every call
+    try:
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        root.setLevel(level)
+    return Path(dst)
+
+
+# ----------------------------------------------------------------------------- workflow
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """'1x8,2x16' -> ((1, 8), (2, 16)); errors name the bad item."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        try:
+            b, n = (int(x) for x in parts)
+        except ValueError:
+            raise UsageError(f"--shapes item '{item}' is not BATCHxLENGTH (e.g. 2x16)") from None
+        if b < 1 or n < 1:
+            raise UsageError(f"--shapes item '{item}' must have batch and length >= 1")
+        out.append((b, n))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    model: str = "minilm"
+    to: str | None = None
+    optimize: bool = False
+    quantize: str | None = None
+    atol: float = FP32_ATOL
+    int8_atol: float = INT8_ATOL
+    shapes: str = ",".join(f"{b}x{n}" for b, n in DEFAULT_SHAPES)
+    opset: int = 17
+    provider: str = "cpu"
+    task: str | None = None
+    data_dir: str | None = None
+    eval_limit: int | None = None
+    max_length: int | None = None
+
+    def __post_init__(self):
+        if not self.to:
+            raise UsageError("--to is required: the .onnx file to write (e.g. --to model.onnx)")
+        if not str(self.to).endswith(".onnx"):
+            raise UsageError(f"--to {self.to}: the output file name must end in .onnx")
+        if self.quantize is not None:
+            check_choice("quantize", self.quantize, QUANTIZE_CHOICES)
+        check_range("atol", self.atol, 0, lo_open=True)
+        check_range("int8_atol", self.int8_atol, 0, lo_open=True)
+        check_range("opset", self.opset, 14, 21)
+        parse_shapes(self.shapes)
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise UsageError(f"--eval-limit must be >= 1, got {self.eval_limit}")
+
+
+def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
+                 batch_size: int = 64, provider: str | None = None) -> dict[str, float]:
+    """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``)."""
+    from compress.export.ort import OrtModel
+    from compress.metrics import compute_metrics
+    from compress.training import encode, make_collate
+
+    model = OrtModel(onnx_path, provider=provider)
+    feats = encode(tokenizer, ds, max_length)
+    collate = make_collate(tokenizer)
+    outs = []
+    for i in range(0, len(feats), batch_size):
+        batch = collate(feats[i:i + batch_size])
+        batch.pop("labels")
+        outs.append(model(**batch).float().numpy())
+    labels = np.array([f["labels"] for f in feats])
+    m = compute_metrics(spec.family, np.concatenate(outs), labels)
+    m["score"] = m[spec.metric]
+    m["n"] = len(ds)
+    return m
+
+
+def run_export(cfg: ExportConfig) -> dict[str, Any]:
+    """Export ``cfg.model`` to ``cfg.to`` with parity checks; returns (and writes) the report.
+
+    Everything is built in a temporary folder beside ``cfg.to`` and moved into place only when
+    every check passed, so a failed export leaves no file behind. The report goes to
+    ``<to>.json``.
+    """
+    from compress.export.ort import resolve_provider
+
+    dst = Path(cfg.to)
+    report_path = dst.with_suffix(".json")
+    if dst.exists():
+        raise UsageError(f"{dst} already exists; exports are never overwritten (choose another --to)")
+    if not dst.parent.is_dir():
+        raise UsageError(f"folder {dst.parent} does not exist (create it or change --to)")
+    provider = resolve_provider(cfg.provider)
+    shapes = parse_shapes(cfg.shapes)
+    task_data = None
+    if cfg.task is not None:
+        from compress.finetune import TaskDataConfig, load_task_data
+
+        task_data = load_task_data(TaskDataConfig(task=cfg.task, data_dir=cfg.data_dir,
+                                                  eval_limit=cfg.eval_limit), ("eval",))
+    loaded = load_torch_model(cfg.model)
+    tmp = dst.parent / f".tmp-{dst.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        report: dict[str, Any] = {"config": to_dict(cfg), "kind": loaded.kind,
+                                  "inputs": list(loaded.input_names), "outputs": ["logits"],
+                                  "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
+        fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
+        report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
+        final = fp32
+        if cfg.optimize:
+            heads, hidden = attention_shape(loaded)
+            fused = optimize_onnx(fp32, tmp / "optimized.onnx", heads, hidden)
+            report["fused_ops"] = fused
+            if loaded.kind == "bert" and not fused.get("Attention"):
+                report["warning"] = "the optimizer fused no Attention node"
+            report["parity_optimized"] = check_parity(loaded, tmp / "optimized.onnx", shapes, cfg.atol,
+                                                      provider, "optimized fp32")
+            final = tmp / "optimized.onnx"
+        fp32_final = final
+        if cfg.quantize == "int8":
+            q = quantize_int8(final, tmp / "int8.onnx")
+            report["parity_int8"] = check_parity(loaded, q, shapes, cfg.int8_atol, provider, "int8")
+            report["int8_tolerance_note"] = (f"int8 parity uses an absolute tolerance of {cfg.int8_atol:g} "
+                                             "on logits (dynamic quantization rounds activations)")
+            final = q
+        if task_data is not None:
+            from compress.models import load_tokenizer
+
+            spec, data = task_data
+            tok = load_tokenizer(loaded.path) if loaded.path else None
+            if tok is None:
+                raise UsageError("--task accuracy needs a model folder with a tokenizer")
+            max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
+            acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len, provider=provider)}
+            if cfg.quantize == "int8":
+                acc["int8"] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
+            report["accuracy"] = {"task": spec.name, "metric": spec.metric, **acc}
+        shutil.move(str(final), dst)
+        report["file"] = str(dst)
+        report["bytes"] = dst.stat().st_size
+        report_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report

@@ -1,0 +1,121 @@
+"""onnxruntime session wrapper with the torch call signature, and execution-provider choice.
+
+``OrtModel(path)(input_ids=..., attention_mask=...)`` returns torch tensors like the PyTorch
+model it was exported from, so evaluation and benchmarking code can call either one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from compress.errors import ModelError, UsageError
+
+# short names accepted by --provider -> onnxruntime provider names
+PROVIDER_ALIASES: dict[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+def available_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def default_provider(available: list[str] | None = None, cuda_device: bool | None = None) -> str:
+    """CUDA when onnxruntime has the CUDA provider and a CUDA device is present, else CPU.
+
+    onnxruntime-gpu lists CUDAExecutionProvider even on machines with no GPU, so the device itself
+    is checked too.
+    """
+    available = available_providers() if available is None else available
+    cuda_device = torch.cuda.is_available() if cuda_device is None else cuda_device
+    if "CUDAExecutionProvider" in available and cuda_device:
+        return "CUDAExecutionProvider"
+    return "CPUExecutionProvider"
+
+
+def resolve_provider(name: str | None, available: list[str] | None = None) -> str:
+    """Validate ``--provider`` (a short alias or a full onnxruntime name) against the available list."""
+    available = available_providers() if available is None else available
+    if name is None or name == "auto":
+        return default_provider(available)
+    full = PROVIDER_ALIASES.get(name.lower(), name)
+    if full not in available:
+        short = {v: k for k, v in PROVIDER_ALIASES.items()}
+        listed = ", ".join(f"{short[p]} ({p})" if p in short else p for p in available)
+        raise UsageError(f"unknown or unavailable provider '{name}'; available on this machine: {listed}")
+    if full == "CUDAExecutionProvider" and not torch.cuda.is_available():
+        raise UsageError(f"provider '{name}' is installed but no CUDA device is visible; "
+                         "use --provider cpu")
+    return full
+
+
+class OrtModel:
+    """An ONNX model in an onnxruntime session, called like the torch model.
+
+    ``__call__(input_ids, attention_mask=None, token_type_ids=None)`` returns the first output
+    (logits) as a torch tensor; ``run(feeds)`` returns every output as numpy arrays by name.
+    Inputs the graph does not declare are dropped; declared inputs that are missing are built
+    (all-ones attention mask, all-zeros token types).
+    """
+
+    def __init__(self, path: str | Path, provider: str | None = None, threads: int | None = None):
+        import onnxruntime as ort
+
+        p = Path(path)
+        if not p.is_file():
+            raise ModelError(f"ONNX file not found: {p}")
+        self.provider = resolve_provider(provider)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        providers = [self.provider] if self.provider == "CPUExecutionProvider" else [
+            self.provider, "CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(p), sess_options=opts, providers=providers)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises several untyped errors
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise ModelError(f"{p} is not a valid ONNX model for onnxruntime: {first}") from None
+        got = self.session.get_providers()[0]
+        if got != self.provider:
+            raise ModelError(f"onnxruntime fell back from {self.provider} to {got} for {p}")
+        self.path = p
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        arrays = {}
+        for name in self.input_names:
+            if name in feeds:
+                v = feeds[name]
+                arrays[name] = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        ids = arrays.get("input_ids")
+        if ids is not None:
+            if "attention_mask" in self.input_names and "attention_mask" not in arrays:
+                arrays["attention_mask"] = np.ones_like(ids)
+            if "token_type_ids" in self.input_names and "token_type_ids" not in arrays:
+                arrays["token_type_ids"] = np.zeros_like(ids)
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            if name in arrays:
+                arrays[name] = arrays[name].astype(np.int64)
+        missing = [n for n in self.input_names if n not in arrays]
+        if missing:
+            raise UsageError(f"ONNX model {self.path.name} needs inputs {missing}")
+        outs = self.session.run(None, arrays)
+        return dict(zip(self.output_names, outs))
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, **_: Any) -> torch.Tensor:
+        feeds = {"input_ids": input_ids}
+        if attention_mask is not None:
+            feeds["attention_mask"] = attention_mask
+        if token_type_ids is not None:
+            feeds["token_type_ids"] = token_type_ids
+        return torch.from_numpy(self.run(feeds)[self.output_names[0]])

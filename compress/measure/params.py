@@ -1,0 +1,86 @@
+"""Parameter counts: total, embeddings, encoder, head, non-zero; for PyTorch modules and ONNX files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HEAD_PREFIXES = ("classifier", "pooler", "qa_outputs", "bert.pooler", "head", "fc_out", "out")
+
+
+def _group(name: str, module_kinds: dict[str, type]) -> str:
+    """'embeddings' for embedding tables (and the embedding LayerNorm), 'head' for the classifier
+    and pooler, 'encoder' for the rest (transformer layers, or a student's LSTM/CNN body)."""
+    owner = name.rsplit(".", 1)[0] if "." in name else ""
+    if ".embeddings." in f".{name}" or issubclass(module_kinds.get(owner, object),
+                                                  (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return "embeddings"
+    parts = name.split(".")
+    stripped = ".".join(parts[1:]) if parts[0] in ("bert", "model", "roberta") else name
+    if stripped.startswith(HEAD_PREFIXES) or name.startswith(HEAD_PREFIXES):
+        return "head"
+    return "encoder"
+
+
+def count_params(model: torch.nn.Module) -> dict[str, Any]:
+    """Element counts of all parameters, split into embeddings / encoder / head, each with non-zeros.
+
+    ``encoder_sparsity`` is the fraction of zeros among encoder parameters: the part that magnitude
+    pruning targets.
+    """
+    kinds = {n: type(m) for n, m in model.named_modules()}
+    out: dict[str, int] = {"total": 0, "nonzero": 0}
+    for g in ("embeddings", "encoder", "head"):
+        out[g] = 0
+        out[f"{g}_nonzero"] = 0
+    for name, p in model.named_parameters():
+        n = p.numel()
+        nz = int(torch.count_nonzero(p.detach()))
+        g = _group(name, kinds)
+        out["total"] += n
+        out["nonzero"] += nz
+        out[g] += n
+        out[f"{g}_nonzero"] += nz
+    res: dict[str, Any] = dict(out)
+    res["sparsity"] = 1.0 - out["nonzero"] / out["total"] if out["total"] else 0.0
+    res["encoder_sparsity"] = 1.0 - out["encoder_nonzero"] / out["encoder"] if out["encoder"] else 0.0
+    return res
+
+
+def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
+    """Parameters of an ONNX file: its initializers (element counts, non-zeros, dtypes).
+
+    Quantized files hold int8 weights plus their scales and zero points; both are counted, and the
+    int8 element count is given separately.
+    """
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    total = nonzero = emb = emb_nz = int8 = 0
+    tensors = []
+    for init in model.graph.initializer:
+        arr = numpy_helper.to_array(init)
+        n = int(arr.size)
+        nz = int(np.count_nonzero(arr))
+        total += n
+        nonzero += nz
+        if arr.dtype in (np.int8, np.uint8):
+            int8 += n
+        if "embed" in init.name.lower():
+            emb += n
+            emb_nz += nz
+        if arr.ndim >= 2:
+            tensors.append({"name": init.name, "shape": list(arr.shape), "dtype": str(arr.dtype),
+                            "sparsity": 1.0 - nz / n if n else 0.0})
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return {"total": total, "nonzero": nonzero, "embeddings": emb, "embeddings_nonzero": emb_nz,
+            "encoder": total - emb, "encoder_nonzero": nonzero - emb_nz, "int8_elements": int8,
+            "sparsity": 1.0 - nonzero / total if total else 0.0,
+            "encoder_sparsity": 1.0 - (nonzero - emb_nz) / (total - emb) if total > emb else 0.0,
+            "matrices": tensors, "op_counts": dict(sorted(ops.items()))}

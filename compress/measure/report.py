@@ -1,0 +1,87 @@
+""""Will it be faster?": what a model's compression can buy on a runtime, and its on-disk size.
+
+Unstructured zeros are stored densely by PyTorch and by ONNX Runtime (which densifies sparse
+initializers), and dense GEMM kernels multiply zeros like any other number: they save storage
+(after compression) but not time. Removing whole heads / FFN neurons shrinks the matrices, which
+every runtime turns into less work. Dynamic int8 (MatMulInteger) is fast on CPUs with VNNI
+dot-product instructions (AVX512-VNNI or AVX-VNNI); without them int8 GEMM is emulated with
+wider instructions and the gain is small or negative.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+
+
+def cpu_vnni_flags(cpuinfo: str | None = None) -> list[str]:
+    """VNNI flags present in ``/proc/cpuinfo`` (or in the given text); [] when unknown."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags") and ":" in line:
+            flags.update(line.split(":", 1)[1].split())
+    return [f for f in VNNI_FLAGS if f in flags]
+
+
+def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = False, int8: bool = False,
+                  runtime: str = "onnxruntime CPU", vnni: list[str] | None = None) -> dict[str, Any]:
+    """One verdict per model: does its compression turn into speed on ``runtime``?
+
+    Returns ``{"faster": "yes" | "no" | "storage only" | "no compression", "reasons": [...]}``.
+    """
+    vnni = cpu_vnni_flags() if vnni is None else vnni
+    reasons: list[str] = []
+    faster = "no compression"
+    if unstructured_sparsity > 0.01:
+        faster = "storage only"
+        reasons.append(f"{unstructured_sparsity:.0%} unstructured zeros: dense kernels still multiply "
+                       "them, so no speed-up; they only shrink the compressed file")
+    if structured:
+        faster = "yes"
+        reasons.append("whole heads / FFN neurons removed: smaller matrices, less work on any runtime")
+    if int8:
+        on_cpu = "cpu" in runtime.lower()
+        if on_cpu and vnni:
+            faster = "yes"
+            reasons.append(f"dynamic int8 on a CPU with {'/'.join(vnni)}: integer dot products are "
+                           "faster than fp32")
+        elif on_cpu:
+            reasons.append("dynamic int8 on a CPU without VNNI: little or no speed-up expected")
+            faster = "yes" if structured else "unlikely"
+        else:
+            reasons.append(f"dynamic int8 (MatMulInteger) on {runtime}: not a fast path there")
+    if faster == "no compression":
+        reasons.append("dense fp32 model: the baseline")
+    return {"faster": faster, "runtime": runtime, "reasons": reasons}
+
+
+def _gzip_size(path: Path, level: int = 6) -> int:
+    comp = zlib.compressobj(level, zlib.DEFLATED, 31)  # 31 = gzip container
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            size += len(comp.compress(chunk))
+    return size + len(comp.flush())
+
+
+def disk_sizes(path: str | Path) -> dict[str, Any]:
+    """Bytes on disk of a model's weights, raw and gzip-compressed (zeros compress; dense weights
+    barely do). ``path`` is an ONNX file, a weights file or a model folder (its *.safetensors,
+    *.onnx and *.pt files are summed)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted([*p.glob("*.safetensors"), *p.glob("*.onnx"), *p.glob("*.pt")])
+    else:
+        files = [p]
+    raw = sum(f.stat().st_size for f in files)
+    packed = sum(_gzip_size(f) for f in files)
+    return {"files": [f.name for f in files], "bytes": raw, "gzip_bytes": packed,
+            "gzip_ratio": packed / raw if raw else 0.0, "compressor": "gzip (zlib level 6)"}
