@@ -1,0 +1,175 @@
+"""ONNX export parity (fp32 within 1e-4 on several shapes), optimizer fusion, int8, typed failures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from compress.errors import ModelError, ParityError, UsageError
+from compress.export.onnx import (
+    FP32_ATOL,
+    INT8_ATOL,
+    check_parity,
+    export_onnx,
+    load_torch_model,
+    optimize_onnx,
+    quantize_int8,
+    wrap_module,
+)
+from compress.export.ort import OrtModel, resolve_provider
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+# Stand-ins with the students' contract (forward(input_ids, attention_mask=None) -> logits), used
+# until/in addition to the real students package.
+class TinyBiLSTM(nn.Module):
+    def __init__(self, vocab=300, dim=16, hidden=24, labels=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim, padding_idx=0)
+        self.rnn = nn.LSTM(dim, hidden, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * hidden, labels)
+
+    def forward(self, input_ids, attention_mask=None):
+        h, _ = self.rnn(self.emb(input_ids))
+        m = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        m = m.unsqueeze(-1).to(h.dtype)
+        return self.out((h * m).sum(1) / m.sum(1).clamp(min=1.0))
+
+
+class TinyKimCNN(nn.Module):
+    def __init__(self, vocab=300, dim=16, filters=8, labels=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim, padding_idx=0)
+        self.convs = nn.ModuleList(nn.Conv1d(dim, filters, k, padding=k // 2) for k in (3, 4, 5))
+        self.out = nn.Linear(3 * filters, labels)
+
+    def forward(self, input_ids, attention_mask=None):
+        x = self.emb(input_ids).transpose(1, 2)
+        return self.out(torch.cat([F.relu(c(x)).amax(-1) for c in self.convs], dim=1))
+
+
+class TinyLR(nn.Module):
+    def __init__(self, vocab=300, labels=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.out = nn.Linear(8, labels)
+
+    def forward(self, input_ids, attention_mask=None):
+        m = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        e = self.emb(input_ids) * m.unsqueeze(-1)
+        return self.out(e.sum(1) / m.sum(1, keepdim=True).clamp(min=1))
+
+
+def _prune_magnitude(model: nn.Module, fraction: float) -> None:
+    """Zero the smallest-magnitude ``fraction`` of every encoder Linear weight (unstructured)."""
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if isinstance(mod, nn.Linear) and "encoder" in name:
+                k = int(mod.weight.numel() * fraction)
+                thresh = mod.weight.abs().flatten().kthvalue(k).values
+                mod.weight[mod.weight.abs() <= thresh] = 0.0
+
+
+def test_bert_fp32_parity_on_several_shapes(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    assert loaded.input_names == ("input_ids", "attention_mask", "token_type_ids")
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    r = check_parity(loaded, path)
+    assert r["max_abs_diff"]["logits"] <= FP32_ATOL and len(r["shapes"]) >= 3
+    ort = OrtModel(path)
+    assert ort.input_names == loaded.input_names  # declared inputs
+    ids = torch.randint(100, 1000, (5, 23))  # a batch/length never seen at export: dynamic axes
+    assert ort(ids).shape == (5, loaded.model.config.num_labels)
+
+
+def test_unstructured_pruned_bert_parity(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    _prune_magnitude(loaded.model, 0.6)
+    path = export_onnx(loaded, tmp_path / "p.onnx")
+    assert check_parity(loaded, path)["max_abs_diff"]["logits"] <= FP32_ATOL
+
+
+def test_optimizer_fuses_attention_and_keeps_parity(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    fused = optimize_onnx(path, tmp_path / "o.onnx", 4, 32)
+    assert fused["Attention"] == 2  # one per layer
+    assert check_parity(loaded, tmp_path / "o.onnx")["max_abs_diff"]["logits"] <= FP32_ATOL
+
+
+def test_structured_pruned_bert_exports_with_fusion(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from compress.export.onnx import attention_shape
+    from compress.pruning.structured import prune_structured
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64)
+    model = BertForSequenceClassification(cfg).eval()
+    prune_structured(model, 0.4)
+    assert len(set(model.config.layer_heads)) > 1 or len(set(model.config.layer_intermediate)) > 1
+    model.save_pretrained(tmp_path / "sp")
+    loaded = load_torch_model(str(tmp_path / "sp"))
+    assert loaded.model.config.layer_heads == model.config.layer_heads
+    path = export_onnx(loaded, tmp_path / "sp.onnx")
+    assert check_parity(loaded, path)["max_abs_diff"]["logits"] <= FP32_ATOL
+    fused = optimize_onnx(path, tmp_path / "spo.onnx", *attention_shape(loaded))
+    assert fused["Attention"] == 3
+    assert check_parity(loaded, tmp_path / "spo.onnx")["max_abs_diff"]["logits"] <= FP32_ATOL
+
+
+def test_int8_parity_with_looser_tolerance(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    optimize_onnx(path, tmp_path / "o.onnx", 4, 32)
+    q = quantize_int8(tmp_path / "o.onnx", tmp_path / "q.onnx")
+    r = check_parity(loaded, q, atol=INT8_ATOL, label="int8")
+    assert 0 < r["max_abs_diff"]["logits"] <= INT8_ATOL  # int8 is not bit-exact, but close
+    assert q.stat().st_size < 0.5 * path.stat().st_size
+
+
+@pytest.mark.parametrize("cls", [TinyBiLSTM, TinyKimCNN, TinyLR])
+def test_student_like_modules_parity(cls, tmp_path):
+    torch.manual_seed(0)
+    loaded = wrap_module(cls())
+    path = export_onnx(loaded, tmp_path / "s.onnx")
+    assert check_parity(loaded, path)["max_abs_diff"]["logits"] <= FP32_ATOL
+
+
+def test_parity_failure_names_output_and_max_difference(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    with torch.no_grad():
+        loaded.model.classifier.bias += 0.25  # the torch model now differs from the exported one
+    pattern = r"output 'logits' max \|diff\| 0\.25.* > 0\.0001 at batch x length 1x8"
+    with pytest.raises(ParityError, match=pattern):
+        check_parity(loaded, path)
+
+
+def test_not_a_model(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("not a model")
+    with pytest.raises(ModelError, match="not a valid ONNX model"):
+        OrtModel(junk)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ModelError, match="notes.txt is a file, not a model"):
+        load_torch_model(str(text))
+    with pytest.raises(ModelError, match="neither a model folder"):
+        load_torch_model(str(tmp_path))
+    with pytest.raises(UsageError, match="is an ONNX file"):
+        load_torch_model(str(junk))
+
+
+def test_provider_validation():
+    with pytest.raises(UsageError, match="unknown or unavailable provider 'tpu'.*CPUExecutionProvider"):
+        resolve_provider("tpu", ["CPUExecutionProvider"])
+    assert resolve_provider("cpu", ["CPUExecutionProvider"]) == "CPUExecutionProvider"
+    assert resolve_provider(None, ["CPUExecutionProvider"]) == "CPUExecutionProvider"
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="no CUDA device"):
+            resolve_provider("cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"])

@@ -1,0 +1,93 @@
+"""Latency statistics, matmul peak, and the report helpers (VNNI detection, verdicts, disk sizes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compress.errors import UsageError
+from compress.measure.latency import latency_stats, matmul_peak_gflops, measure_latency, percentile
+from compress.measure.params import count_params
+from compress.measure.report import cpu_vnni_flags, disk_sizes, speed_verdict
+
+
+def test_percentile_matches_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 50):
+        xs = rng.random(n).tolist()
+        for q in (0, 50, 90, 100):
+            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_measure_latency_with_a_fake_clock():
+    calls = []
+    ticks = iter([0.0, 0.010, 1.0, 1.030, 2.0, 2.020, 3.0, 3.100])  # 10, 30, 20, 100 ms
+
+    def fn():
+        calls.append(1)
+
+    s = measure_latency(fn, warmup=2, iterations=4, clock=lambda: next(ticks))
+    assert len(calls) == 6  # warm-up calls are made but not timed
+    assert s["iterations"] == 4 and s["warmup"] == 2
+    assert s["mean_ms"] == pytest.approx(40.0)
+    assert s["median_ms"] == pytest.approx(25.0)
+    assert s["min_ms"] == pytest.approx(10.0) and s["max_ms"] == pytest.approx(100.0)
+    assert s["p90_ms"] == pytest.approx(float(np.percentile([10, 30, 20, 100], 90)))
+    assert latency_stats([0.001])["p90_ms"] == pytest.approx(1.0)
+
+
+def test_measure_latency_rejects_zero_iterations():
+    with pytest.raises(UsageError, match="--iterations"):
+        measure_latency(lambda: None, iterations=0)
+
+
+def test_matmul_peak_is_a_positive_rate():
+    r = matmul_peak_gflops(n=256, repeats=2)
+    assert r["gflops"] > 0.1 and r["n"] == 256 and r["threads"] >= 1
+
+
+def test_vnni_detection_from_cpuinfo_text():
+    assert cpu_vnni_flags("processor : 0\nflags : fpu sse avx2 avx512_vnni\n") == ["avx512_vnni"]
+    assert cpu_vnni_flags("flags\t\t: fpu avx_vnni avx2\n") == ["avx_vnni"]
+    assert cpu_vnni_flags("flags : fpu sse avx2\n") == []
+
+
+def test_speed_verdicts():
+    assert speed_verdict(unstructured_sparsity=0.9, vnni=[])["faster"] == "storage only"
+    assert speed_verdict(structured=True, vnni=[])["faster"] == "yes"
+    assert speed_verdict(int8=True, vnni=["avx512_vnni"])["faster"] == "yes"
+    assert speed_verdict(int8=True, vnni=[])["faster"] == "unlikely"
+    assert speed_verdict(vnni=[])["faster"] == "no compression"
+
+
+def test_zeros_compress_on_disk(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    dense = torch.randn(256, 256)
+    sparse = dense.clone()
+    sparse[sparse.abs() < 1.0] = 0.0  # ~68% zeros
+    save_file({"w": dense}, tmp_path / "dense.safetensors")
+    save_file({"w": sparse}, tmp_path / "sparse.safetensors")
+    d, s = disk_sizes(tmp_path / "dense.safetensors"), disk_sizes(tmp_path / "sparse.safetensors")
+    assert d["bytes"] == s["bytes"]  # stored densely: same raw size
+    assert s["gzip_bytes"] < 0.6 * d["gzip_bytes"]  # but zeros compress
+    assert d["gzip_ratio"] > 0.85  # random fp32 barely compresses
+
+
+def test_count_params_groups_and_nonzeros():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+            self.body = torch.nn.Linear(4, 4, bias=False)
+            self.classifier = torch.nn.Linear(4, 2)
+
+    m = M()
+    with torch.no_grad():
+        m.body.weight[:2] = 0
+    r = count_params(m)
+    assert (r["embeddings"], r["encoder"], r["head"]) == (40, 16, 10)
+    assert r["total"] == 66 and r["encoder_nonzero"] == 8
+    assert r["encoder_sparsity"] == pytest.approx(0.5)
