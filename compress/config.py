@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -59,7 +60,7 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
             raise UsageError(f"option {name}: expected a number, got {value!r}")
         try:
             out = annotation(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise UsageError(f"option {name}: expected {annotation.__name__}, got {value!r}") from None
         if annotation is int and isinstance(value, float) and value != out:
             raise UsageError(f"option {name}: expected an integer, got {value!r}")
@@ -100,9 +101,10 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
                 lo_open: bool = False, hi_open: bool = False) -> None:
     """Raise UsageError naming the option when ``value`` lies outside the interval."""
-    bad = (lo is not None and (value < lo or (lo_open and value == lo))) or (
-        hi is not None and (value > hi or (hi_open and value == hi))
-    )
+    # NaN compares false with everything and inf is never a sensible setting: both are refused
+    bad = (isinstance(value, float) and not math.isfinite(value)) or (
+        lo is not None and (value < lo or (lo_open and value == lo))) or (
+        hi is not None and (value > hi or (hi_open and value == hi)))
     if bad:
         left = "(" if lo_open else "["
         right = ")" if hi_open else "]"

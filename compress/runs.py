@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from compress.errors import UsageError
+from compress.security import resolve_out, safe_run_name
 
 
 def artifacts_root() -> Path:
@@ -55,24 +56,66 @@ def environment(seed: int | None = None) -> dict[str, Any]:
     return info
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file and rename it over ``path``: readers (and a resumed run)
+    see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temporary file + rename) so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def records_upto(path: Path, step: int) -> list[str]:
+    """The lines of a metrics.jsonl up to, not including, the first record with a step beyond
+    ``step`` (or the first unreadable line, e.g. one cut short by a kill)."""
+    kept = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if not line.endswith("\n"):
+                break
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
+                break
+            kept.append(line)
+    return kept
 
 
 class RunDir:
     """A run folder written as ``.tmp-<name>`` and renamed to ``<name>`` on success.
 
     Use as a context manager. On an exception the temporary folder is removed, so a run folder is
-    complete or absent. Nothing is created before ``__enter__``.
+    complete or absent, unless training already saved a checkpoint in ``checkpoint_dir``: then it
+    is kept (Ctrl-C, a full disk, a crash) so ``resume=True`` can continue it. Nothing is created
+    before ``__enter__``.
+
+    Resuming re-opens ``.tmp-<name>``: ``metrics.jsonl`` is rewound to the newest valid checkpoint
+    (records of later steps, which the resumed run logs again, are dropped), ``write_config``
+    refuses options that differ from the interrupted run's, and ``env.json`` gains a ``resumes``
+    entry.
     """
 
     def __init__(self, command: str, name: str = "run", out: str | Path | None = None,
                  resume: bool = False):
+        name = safe_run_name(name)
         if out is not None:
-            self.final = Path(out)
+            self.final = resolve_out(out)
+        elif resume:
+            raise UsageError("--resume needs --out naming the interrupted run's folder "
+                             "(the folder it was started with)")
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.final = artifacts_root() / command / f"{stamp}-{name}"
@@ -82,6 +125,7 @@ class RunDir:
                 n += 1
         self.path = self._tmp_for(self.final)
         self.resume = resume
+        self.resumed = False
         if self.final.exists():
             raise UsageError(f"run folder {self.final} already exists; runs are never overwritten "
                              "(choose another --out)")
@@ -93,28 +137,65 @@ class RunDir:
     def _tmp_for(final: Path) -> Path:
         return final.parent / f".tmp-{final.name}"
 
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where ``train`` saves checkpoints; removed by the caller once the run is complete."""
+        return self.path / "checkpoint"
+
     def __enter__(self) -> RunDir:
-        self.path.mkdir(parents=True, exist_ok=self.resume)
+        if self.resume and self.path.is_dir():
+            self.resumed = True
+            self._rewind_metrics()
+        else:
+            self.path.mkdir(parents=True, exist_ok=self.resume)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
             os.replace(self.path, self.final)
             self.path = self.final
-        elif not self._keep_for_resume(exc_type):
+        elif not self._keep_for_resume():
             shutil.rmtree(self.path, ignore_errors=True)
         return False
 
-    def _keep_for_resume(self, exc_type) -> bool:
-        # An interrupted run that saved a checkpoint is kept so --resume can continue it;
-        # a run that failed on bad input is removed so no half-written folder is left behind.
-        return issubclass(exc_type, KeyboardInterrupt) and (self.path / "checkpoint").exists()
+    def _keep_for_resume(self) -> bool:
+        # A run that saved a checkpoint is kept whatever stopped it (Ctrl-C, disk full, a crash) so
+        # --resume can continue it; a run that failed before its first checkpoint (bad input) is
+        # removed so no half-written folder is left behind.
+        from compress.training import checkpoint_dirs
+
+        return bool(checkpoint_dirs(self.checkpoint_dir))
+
+    def _rewind_metrics(self) -> None:
+        """Keep the metrics records up to the checkpoint the run resumes from, drop the rest."""
+        from compress.training import checkpoint_step, latest_checkpoint
+
+        ckpt = latest_checkpoint(self.checkpoint_dir)
+        upto = checkpoint_step(ckpt) if ckpt is not None else 0
+        path = self.path / "metrics.jsonl"
+        if path.is_file():
+            write_text_atomic(path, "".join(records_upto(path, upto)))
 
     def write_config(self, cfg: dict[str, Any]) -> None:
-        (self.path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+        path = self.path / "config.yaml"
+        if self.resumed and path.is_file():
+            old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            ignore = {"resume"}
+            diff = sorted(k for k in set(old) | set(cfg) if k not in ignore and old.get(k) != cfg.get(k))
+            if diff:
+                shown = ", ".join(f"{k}: {old.get(k)!r} -> {cfg.get(k)!r}" for k in diff)
+                raise UsageError(f"--resume with options that differ from the interrupted run ({shown});"
+                                 " resume with the same options")
+        write_text_atomic(path, yaml.safe_dump(cfg, sort_keys=False))
 
     def write_env(self, seed: int | None) -> None:
-        write_json(self.path / "env.json", environment(seed))
+        path = self.path / "env.json"
+        env = environment(seed)
+        if self.resumed and path.is_file():
+            first = json.loads(path.read_text(encoding="utf-8"))
+            first.setdefault("resumes", []).append(env)
+            env = first
+        write_json(path, env)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as fh:

@@ -3,23 +3,41 @@
 Pruning and distillation plug in through ``TrainHook`` (mask after each optimizer step, replace the
 loss) instead of subclassing the loop. The batch order of epoch ``e`` is a permutation seeded by
 ``seed + e``, so a resumed run sees exactly the batches an uninterrupted one would.
+
+Checkpoints (``save_checkpoint``) hold everything the next step depends on: model, optimizer,
+scheduler, the RNG states of every rank (dropout), hook states (masks), the step and the running
+loss. Each is written to a temporary folder, fsynced, hashed and renamed, and the last two are kept,
+so a kill or a full disk during a save leaves the previous checkpoint intact, and a checkpoint
+corrupted later is detected by its SHA-256 and skipped in favour of the one before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import os
 import random
+import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from compress.config import check_range
+from compress.distributed import assert_tensors_same_across_ranks, is_distributed
+from compress.errors import CompressError, DataError, IntegrityError
 from compress.tasks.base import TextDataset
+
+log_ = logging.getLogger(__name__)
+
+CHECKPOINT_KEEP = 2  # the newest checkpoint and the one before it (the fallback if the newest is corrupt)
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
 @dataclass(frozen=True)
@@ -36,20 +54,34 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 50
     checkpoint_every: int = 0
+    # Multi-process runs compare a SHA-256 of every hook's tensors (the masks) across ranks every N
+    # steps and stop with IntegrityError when a rank differs; 0 turns the check off.
+    rank_check_every: int = 1
 
     def __post_init__(self):
         check_range("lr", self.lr, 0, None, lo_open=True)
-        check_range("epochs", self.epochs, 0, None, lo_open=True)
+        check_range("epochs", self.epochs, 0, 1e6, lo_open=True)
         if self.max_steps is not None:
             check_range("max_steps", self.max_steps, 1)
         check_range("batch_size", self.batch_size, 1)
+        check_range("eval_batch_size", self.eval_batch_size, 1)
         check_range("max_length", self.max_length, 8, 512)
         check_range("warmup_ratio", self.warmup_ratio, 0, 1)
         check_range("weight_decay", self.weight_decay, 0)
+        check_range("max_grad_norm", self.max_grad_norm, 0)
+        check_range("seed", self.seed, 0, 2**32 - 1)  # numpy's seed range
+        check_range("log_every", self.log_every, 1)
+        check_range("checkpoint_every", self.checkpoint_every, 0)
+        check_range("rank_check_every", self.rank_check_every, 0)
 
 
 class TrainHook:
-    """Extension points of the loop; every method is optional."""
+    """Extension points of the loop; every method is optional.
+
+    ``state_dict`` is saved in every checkpoint and must hold only tensors and plain Python values
+    (checkpoints are read back with ``torch.load(weights_only=True)``). Its tensors are also what
+    the cross-rank check compares in multi-process runs.
+    """
 
     def on_train_begin(self, model, total_steps: int) -> None:
         pass
@@ -108,6 +140,28 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
+def steps_per_epoch(n: int, batch_size: int, world: int = 1) -> int:
+    """Optimizer steps per epoch when ``world`` ranks each take ``batch_size`` examples per step."""
+    return max(1, math.ceil(n / (batch_size * world)))
+
+
+def rank_batches(order: list[int], batch_size: int, rank: int, world: int) -> list[list[int]]:
+    """The batches of one rank for one epoch, as lists of example indices.
+
+    The order is padded by wrapping around to a multiple of ``world`` (as torch's
+    DistributedSampler does) and dealt round-robin, so every rank gets the same number of non-empty
+    batches and no rank waits forever in an all-reduce the others never reach. With ``world == 1``
+    this is plain consecutive batching of ``order``. Step ``b`` of ranks 0..world-1 together covers
+    positions ``[b*batch_size*world, (b+1)*batch_size*world)`` of the padded order, i.e. the same
+    examples a single process would use with ``batch_size * world``.
+    """
+    if world > 1 and len(order) % world:
+        pad = world - len(order) % world
+        order = order + (order * (pad // len(order) + 1))[:pad]
+    shard = order[rank::world]
+    return [shard[i:i + batch_size] for i in range(0, len(shard), batch_size)]
+
+
 @torch.no_grad()
 def predict(model, feats: list[dict], collate, batch_size: int, device=None) -> np.ndarray:
     """Logits for ``feats`` in order, shape (n, num_labels)."""
@@ -122,18 +176,56 @@ def predict(model, feats: list[dict], collate, batch_size: int, device=None) -> 
     return np.concatenate(outs, axis=0)
 
 
+def hook_tensors(hooks) -> dict[str, torch.Tensor]:
+    """Every tensor in the hooks' state dicts, by a dotted path (``0.masks.bert...``)."""
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            out[prefix] = value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(f"{prefix}.{i}", v)
+
+    for i, h in enumerate(hooks):
+        walk(str(i), h.state_dict())
+    return out
+
+
+def check_ranks_agree(hooks, step: int) -> None:
+    """Raise IntegrityError when the hooks' tensors (masks) differ between ranks; no-op on one."""
+    if not is_distributed():
+        return
+    tensors = hook_tensors(hooks)
+    if tensors:
+        assert_tensors_same_across_ranks(tensors, f"hook state (masks) after step {step}")
+
+
 def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[TrainHook] = (),
           log: Callable[[dict], None] | None = None, checkpoint_dir: Path | None = None,
           resume: bool = False) -> dict:
-    """Train ``model`` in place on tokenized ``feats``; returns {'steps', 'final_loss'}."""
+    """Train ``model`` in place on tokenized ``feats``; returns {'steps', 'final_loss', 'resumed_from'}.
+
+    With ``checkpoint_dir`` and ``cfg.checkpoint_every`` a checkpoint is saved every that many
+    steps (not at the last step: the caller saves the finished model). With ``resume`` the newest
+    valid checkpoint there is loaded and training continues from its step; records passed to
+    ``log`` are then only those after that step (the caller rewinds its log to the checkpoint,
+    as ``RunDir`` does). ``log`` is called on the main process only; its ``loss`` is the mean over
+    the last ``log_every`` steps and over all ranks.
+    """
     from accelerate import Accelerator
     from transformers import get_linear_schedule_with_warmup
 
+    if not feats:
+        raise DataError("no training examples to train on")
     set_seed(cfg.seed)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     collate = make_collate(tokenizer)
-    world = accelerator.num_processes
-    per_epoch = max(1, math.ceil(len(feats) / (cfg.batch_size * world)))
+    world, rank = accelerator.num_processes, accelerator.process_index
+    per_epoch = steps_per_epoch(len(feats), cfg.batch_size, world)
     total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
 
     decay, no_decay = [], []
@@ -145,27 +237,27 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
         lr=cfg.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
     model, optimizer = accelerator.prepare(model, optimizer)
+    raw = accelerator.unwrap_model(model)
     for h in hooks:
-        h.on_train_begin(accelerator.unwrap_model(model), total)
+        h.on_train_begin(raw, total)
 
-    step = 0
-    if resume and checkpoint_dir is not None and (checkpoint_dir / "state.pt").is_file():
-        step = load_checkpoint(checkpoint_dir, accelerator.unwrap_model(model), optimizer, scheduler,
-                               hooks)
+    step, running, resumed_from = 0, 0.0, None
+    if resume and checkpoint_dir is not None:
+        ckpt = latest_checkpoint(checkpoint_dir)
+        if ckpt is not None:
+            loop = load_checkpoint(ckpt, raw, optimizer, scheduler, hooks)
+            step, running, resumed_from = loop["step"], loop["running"], loop["step"]
 
     model.train()
-    bar = tqdm(total=total, initial=step, desc="train", disable=not accelerator.is_main_process
-               or os.environ.get("COMPRESS_NO_PROGRESS") == "1", leave=False)
-    running, last = 0.0, float("nan")
+    main = accelerator.is_main_process
+    bar = tqdm(total=total, initial=step, desc="train", leave=False,
+               disable=not main or os.environ.get("COMPRESS_NO_PROGRESS") == "1")
+    last = float("nan")
     while step < total:
         epoch, offset = divmod(step, per_epoch)
-        order = epoch_order(len(feats), cfg.seed, epoch)
-        shard = order[accelerator.process_index::world]
-        for b in range(offset, per_epoch):
+        batches = rank_batches(epoch_order(len(feats), cfg.seed, epoch), cfg.batch_size, rank, world)
+        for idx in batches[offset:]:
             if step >= total:
-                break
-            idx = shard[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            if not idx:
                 break
             batch = {k: v.to(accelerator.device) for k, v in collate([feats[i] for i in idx]).items()}
             outputs = model(**batch)
@@ -181,49 +273,201 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
             optimizer.zero_grad(set_to_none=True)
             step += 1
             for h in hooks:
-                h.on_step_end(accelerator.unwrap_model(model), step)
+                h.on_step_end(raw, step)
+            if world > 1 and cfg.rank_check_every and step % cfg.rank_check_every == 0:
+                check_ranks_agree(hooks, step)
             last = float(loss.detach())
             running += last
             bar.update(1)
-            if log and step % cfg.log_every == 0:
-                log({"step": step, "loss": running / cfg.log_every, "lr": scheduler.get_last_lr()[0]})
+            if step % cfg.log_every == 0:
+                mean = running / cfg.log_every
+                if world > 1:  # every rank reaches this step together, so the collective is safe
+                    mean = float(accelerator.reduce(torch.tensor(mean, device=accelerator.device),
+                                                    "mean"))
+                if log and main:
+                    log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
                 running = 0.0
             if checkpoint_dir is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
-                    and accelerator.is_main_process:
-                save_checkpoint(checkpoint_dir, accelerator.unwrap_model(model), optimizer, scheduler,
-                                hooks, step)
+                    and step < total:
+                save_checkpoint(checkpoint_dir, raw, optimizer, scheduler, hooks, step,
+                                loop={"running": running})
     bar.close()
     accelerator.wait_for_everyone()
-    return {"steps": step, "final_loss": last}
+    return {"steps": step, "final_loss": last, "resumed_from": resumed_from}
 
 
-def save_checkpoint(folder: Path, model, optimizer, scheduler, hooks, step: int) -> None:
-    """Model, optimizer, scheduler, RNG, hook state and step, written to a temporary file and
-    renamed: an interrupted save leaves the previous checkpoint intact."""
-    folder.mkdir(parents=True, exist_ok=True)
+# --------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _rng_state() -> dict:
+    key, pos, has_gauss, cached = np.random.get_state()[1:]
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # numpy's state as tensors and numbers, which weights_only loading accepts
+        "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+    n = s["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached"]))
+    version, internal, gauss = s["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def checkpoint_dirs(folder: Path) -> list[Path]:
+    """Complete checkpoint folders (``step-NNNNNNNN`` with state and hash), oldest first."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for d in folder.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir() and (d / "state.pt").is_file() and (d / "state.sha256").is_file():
+            found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(_STEP_DIR.match(path.name).group(1))
+
+
+def verify_checkpoint(path: Path) -> bool:
+    """True when ``state.pt`` still has the SHA-256 recorded when it was written."""
+    try:
+        expected = (path / "state.sha256").read_text(encoding="utf-8").strip()
+        return _sha256(path / "state.pt") == expected
+    except OSError:
+        return False
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint under ``folder`` whose hash verifies; None when there is none.
+
+    A corrupt newest checkpoint is skipped (with a warning) in favour of the previous one; if every
+    checkpoint is corrupt, IntegrityError says so rather than silently restarting from step 0.
+    """
+    dirs = checkpoint_dirs(folder)
+    for d in reversed(dirs):
+        if verify_checkpoint(d):
+            return d
+        log_.warning("checkpoint %s does not match its SHA-256; trying the previous one", d)
+    if dirs:
+        raise IntegrityError(f"every checkpoint under {folder} is corrupt ({', '.join(d.name for d in dirs)}"
+                             f" fail their SHA-256); remove {folder} to restart from step 0")
+    return None
+
+
+def save_checkpoint(folder: Path, model, optimizer, scheduler, hooks, step: int,
+                    loop: dict | None = None, keep: int = CHECKPOINT_KEEP) -> Path | None:
+    """Save the training state of ``step`` as ``folder/step-NNNNNNNN``; returns it (None off rank 0).
+
+    Call on every rank in multi-process runs: the RNG states of all ranks are gathered, rank 0
+    writes. The state goes to a temporary folder, is fsynced and hashed, and the folder is renamed,
+    so an interruption at any point leaves the previous checkpoint intact. Older checkpoints beyond
+    ``keep`` are removed after the new one is in place. ``loop`` holds extra loop state (plain values).
+    """
+    rng = _rng_state()
+    if is_distributed():
+        gathered: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, rng)
+        if torch.distributed.get_rank() != 0:
+            return None
+    else:
+        gathered = [rng]
     state = {
         "step": step,
+        "loop": dict(loop or {}),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "rng_torch": torch.get_rng_state(),
-        "rng_numpy": np.random.get_state()[1].tolist(),
-        "rng_python": random.getstate()[1],
+        "rng": gathered,
         "hooks": [h.state_dict() for h in hooks],
     }
-    tmp = folder / "state.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, folder / "state.pt")
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step-{step:08d}"
+    tmp = folder / f".step-{step:08d}.tmp"
+    for stale in folder.glob(".step-*.tmp"):  # left by a save that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        with open(tmp / "state.pt", "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        (tmp / "state.sha256").write_text(_sha256(tmp / "state.pt") + "\n", encoding="utf-8")
+        if final.exists():  # a corrupt checkpoint of this step, skipped when resuming
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in checkpoint_dirs(folder)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler, hooks) -> int:
-    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+def load_checkpoint(path: Path, model, optimizer, scheduler, hooks) -> dict:
+    """Restore a checkpoint folder written by ``save_checkpoint`` (or the newest valid one when
+    ``path`` is the folder holding them); returns the loop state, ``{'step', 'running', ...}``."""
+    if not _STEP_DIR.match(path.name):
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CompressError(f"no checkpoint under {path} to resume from")
+        path = found
+    try:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint is reported as one line
+        raise IntegrityError(f"checkpoint {path} cannot be read ({type(exc).__name__}); remove it to "
+                             "resume from the previous one") from None
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise CompressError(f"checkpoint {path} does not fit this model/optimizer ({first}); resume "
+                            "with the same model and options as the interrupted run") from None
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng_torch"])
-    np.random.set_state(("MT19937", np.array(state["rng_numpy"], dtype=np.uint32), 624, 0, 0.0))
-    random.setstate((3, tuple(state["rng_python"]), None))
-    for h, hs in zip(hooks, state["hooks"]):
+    rngs = state["rng"]
+    rank = torch.distributed.get_rank() if is_distributed() else 0
+    world = torch.distributed.get_world_size() if is_distributed() else 1
+    if len(rngs) != world:
+        log_.warning("checkpoint was written by %d process(es), resuming with %d: dropout will not "
+                     "replay exactly", len(rngs), world)
+    _set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
+    hook_states = state["hooks"]
+    if len(hook_states) != len(hooks):
+        raise CompressError(f"checkpoint {path} holds the state of {len(hook_states)} hook(s) but this "
+                            f"run has {len(hooks)}; resume with the same command and options")
+    for h, hs in zip(hooks, hook_states):
         h.load_state_dict(hs)
-    return int(state["step"])
+    return {"step": int(state["step"]), "running": 0.0, **state["loop"]}

@@ -16,6 +16,9 @@ COMMANDS: dict[str, str] = {
     "finetune": "compress.cli.finetune",
     "eval": "compress.cli.eval",
     "info": "compress.cli.info",
+    "prune": "compress.cli.prune",
+    "verify": "compress.cli.verify",
+    "distill": "compress.cli.distill",
 }
 
 
@@ -45,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compress {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"compress {args.command}: interrupted", file=sys.stderr)
+        print(f"compress {args.command}: interrupted (a run that saved a checkpoint is kept; "
+              "continue it with the same command plus --resume)", file=sys.stderr)
         return 130
+    except OSError as exc:  # disk full, permission denied: the environment, not a bug -> one line
+        print(f"compress {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
