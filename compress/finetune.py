@@ -11,6 +11,9 @@ from pathlib import Path
 from compress.config import to_dict
 from compress.errors import UsageError
 from compress.models import load_classifier, save_model
+from compress.qa.options import QAOptions
+from compress.qa.workflow import eval_qa, finetune_qa
+from compress.retrieval.workflow import eval_reqa, finetune_reqa
 from compress.runs import RunDir
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
 from compress.tasks.base import TextDataset
@@ -38,11 +41,16 @@ class TaskDataConfig:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig(TrainConfig, TaskDataConfig):
+class FinetuneConfig(TrainConfig, TaskDataConfig, QAOptions):
+    # QAOptions: --doc-stride, --n-best, --split-by-article, --objective, ... (squad/reqa only).
     resume: bool = False
+    # Fine-tuning a pruned model keeps its masks; this zeroes the same weights once and lets them
+    # regrow instead (the information-deletion control of Gordon et al. 2020).
+    information_deletion: bool = False
 
     def __post_init__(self):
         TrainConfig.__post_init__(self)
+        QAOptions.__post_init__(self)
         for lim in ("train_limit", "eval_limit"):
             v = getattr(self, lim)
             if v is not None and v < 1:
@@ -105,6 +113,11 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     labels = data["train"].label_names
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     hooks = list(hook_factory(model)) if hook_factory else []
+    # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
+    from compress.models import resolve_model
+    from compress.pruning.pruner import saved_mask_hooks
+
+    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False))
     name = cfg.name or f"{spec.name}"
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
@@ -137,17 +150,22 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
 FINETUNE_FAMILIES: dict[str, Callable[..., Path]] = {
     "classification": finetune_classifier,
     "multilabel": finetune_classifier,
+    "qa": finetune_qa,
+    "retrieval": finetune_reqa,
 }
 
 
 @dataclass(frozen=True)
-class EvalConfig(TaskDataConfig):
+class EvalConfig(TaskDataConfig, QAOptions):
     max_length: int | None = None
     batch_size: int = 128
 
 
 def run_eval(cfg: EvalConfig) -> dict:
     """Re-evaluate a saved model on the task's eval split; writes an eval run folder."""
+    family = get_task(cfg.task).family
+    if family in EVAL_FAMILIES:  # qa, retrieval
+        return EVAL_FAMILIES[family](cfg)
     spec, data = load_task_data(cfg, ("eval",))
     ds = data["eval"]
     model, tokenizer, meta = load_classifier(cfg.model, ds.label_names, ds.multilabel,
@@ -162,3 +180,10 @@ def run_eval(cfg: EvalConfig) -> dict:
     print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} examples "
           f"-> {run.path}")
     return metrics
+
+
+# Families whose evaluation differs from classification (run_eval handles the classification ones).
+EVAL_FAMILIES: dict[str, Callable[..., dict]] = {
+    "qa": eval_qa,
+    "retrieval": eval_reqa,
+}

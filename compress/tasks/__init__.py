@@ -15,6 +15,8 @@ from compress.tasks.classification import (
     load_sample,
 )
 from compress.tasks.multilabel import load_reuters
+from compress.tasks.qa import load_squad
+from compress.tasks.retrieval import load_reqa
 
 BINARY = ("negative", "positive")
 ENTAIL = ("entailment", "not_entailment")
@@ -54,6 +56,11 @@ TASKS: dict[str, TaskSpec] = {
                     description="generic CSV: train.csv/dev.csv with --text-column/--label-column"),
     "jsonl": TaskSpec("jsonl", "classification", "accuracy", generic_loader("jsonl"),
                       description="generic JSONL: train.jsonl/dev.jsonl with --text-column/--label-column"),
+    "squad": TaskSpec("squad", "qa", "f1", load_squad, hub="rajpurkar/squad",
+                      description="SQuAD v1.1 extractive QA (any SQuAD-format JSON); official EM/F1; "
+                                  "--split-by-article 38/10 splits the dev file"),
+    "reqa": TaskSpec("reqa", "retrieval", "mrr", load_reqa, hub="rajpurkar/squad",
+                     description="ReQA sentence retrieval built from SQuAD-format data; P@1/5/10, MRR"),
 }
 
 

@@ -1,0 +1,1 @@
+"""Extractive question answering: features, post-processing, the official metric, loss plug-ins."""

@@ -1,0 +1,90 @@
+"""SQuAD features: question + context windows with offsets mapped back to the context.
+
+A context longer than the window is cut into overlapping windows (``doc_stride`` tokens of overlap,
+Hugging Face semantics). Training windows label the answer's first/last token, or the [CLS] token
+(index 0) when the answer is not wholly inside the window. Evaluation windows keep, per token, the
+(start, end) character offsets into the context, or None for question/special tokens, so that the
+post-processing can map a token span back to context text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from compress.tasks.qa import QAExample
+
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_stride: int):
+    if not getattr(tokenizer, "is_fast", False):
+        from compress.errors import ModelError
+
+        raise ModelError("SQuAD features need a fast (Rust) tokenizer for offset mapping; "
+                         "use a model folder with tokenizer.json")
+    return tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
+                     truncation="only_second", max_length=max_length, stride=doc_stride,
+                     return_overflowing_tokens=True, return_offsets_mapping=True, padding=False)
+
+
+def _context_range(seq_ids: list) -> tuple[int, int]:
+    first = seq_ids.index(1)
+    last = len(seq_ids) - 1 - seq_ids[::-1].index(1)
+    return first, last
+
+
+def prepare_train_features(tokenizer, examples: Sequence[QAExample], max_length: int,
+                           doc_stride: int) -> list[dict]:
+    """One dict per window: model inputs + ``start_positions``/``end_positions`` (token indices)."""
+    enc = _tokenize(tokenizer, examples, max_length, doc_stride)
+    feats = []
+    for i in range(len(enc["input_ids"])):
+        ex = examples[enc["overflow_to_sample_mapping"][i]]
+        offsets = enc["offset_mapping"][i]
+        seq_ids = enc.sequence_ids(i)
+        start_char = ex.answer_starts[0]
+        end_char = start_char + len(ex.answers[0])
+        c0, c1 = _context_range(seq_ids)
+        start_tok = end_tok = 0
+        if offsets[c0][0] <= start_char and offsets[c1][1] >= end_char:
+            t = c0
+            while t <= c1 and offsets[t][0] <= start_char:
+                t += 1
+            start_tok = t - 1
+            t = c1
+            while t >= c0 and offsets[t][1] >= end_char:
+                t -= 1
+            end_tok = t + 1
+        f = {k: enc[k][i] for k in MODEL_INPUTS if k in enc}
+        f["start_positions"] = start_tok
+        f["end_positions"] = end_tok
+        feats.append(f)
+    return feats
+
+
+def prepare_eval_features(tokenizer, examples: Sequence[QAExample], max_length: int,
+                          doc_stride: int) -> list[dict]:
+    """One dict per window: model inputs, ``example_index`` and context-only ``offset_mapping``."""
+    enc = _tokenize(tokenizer, examples, max_length, doc_stride)
+    feats = []
+    for i in range(len(enc["input_ids"])):
+        seq_ids = enc.sequence_ids(i)
+        f = {k: enc[k][i] for k in MODEL_INPUTS if k in enc}
+        f["example_index"] = enc["overflow_to_sample_mapping"][i]
+        f["offset_mapping"] = [tuple(o) if seq_ids[t] == 1 else None
+                               for t, o in enumerate(enc["offset_mapping"][i])]
+        feats.append(f)
+    return feats
+
+
+def collate_features(tokenizer, rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Pad model inputs; stack the span labels when present. Bookkeeping keys are dropped."""
+    batch = tokenizer.pad([{k: r[k] for k in MODEL_INPUTS if k in r} for r in rows],
+                          return_tensors="pt")
+    out = dict(batch)
+    if "start_positions" in rows[0]:
+        out["start_positions"] = torch.tensor([r["start_positions"] for r in rows], dtype=torch.long)
+        out["end_positions"] = torch.tensor([r["end_positions"] for r in rows], dtype=torch.long)
+    return out

@@ -1,0 +1,68 @@
+"""Options of the ``squad`` and ``reqa`` tasks.
+
+``QAOptions`` is mixed into ``FinetuneConfig`` and ``EvalConfig`` (so ``compress finetune/eval``
+and every command built on them accept ``--doc-stride``, ``--n-best``, ...). Classification tasks
+ignore these fields. Every default lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compress.config import check_choice, check_range
+
+QA_OBJECTIVE_NAMES = ("plain", "pfa", "hl-aacl")
+PFA_ALIGNMENTS = ("cosine", "kl", "js", "w1")
+
+
+@dataclass(frozen=True)
+class QAOptions:
+    # SQuAD features: doc_stride is the token overlap between consecutive windows of a long context
+    # (Hugging Face semantics); None = max_length // 3, i.e. 128 at the standard --max-length 384.
+    doc_stride: int | None = None
+    n_best: int = 20
+    max_answer_length: int = 30
+    # "38/10": first 38 articles of the dev file train, next 10 evaluate (never split by question).
+    split_by_article: str | None = None
+    skip_bad_examples: bool = False
+    # SQuAD loss plug-in (compress.qa.objectives.OBJECTIVES).
+    objective: str = "plain"
+    objective_alpha: float = 0.5  # weight of the PFA alignment / the answer-aware contrastive term
+    pfa_alignment: str = "cosine"
+    pfa_epsilon: float = 0.1  # size of the embedding perturbation relative to the embedding norm
+    hl_top_k: int = 20
+    aacl_tau: float = 0.1
+    # ReQA dual encoder: in-batch sampled softmax over scale * cosine (Yang et al. use 100).
+    retrieval_scale: float = 100.0
+
+    def __post_init__(self):
+        check_qa_options(self)
+
+
+def check_qa_options(o) -> None:
+    if o.doc_stride is not None:
+        check_range("doc_stride", o.doc_stride, 1)
+    check_range("n_best", o.n_best, 1)
+    check_range("max_answer_length", o.max_answer_length, 1)
+    check_choice("objective", o.objective, QA_OBJECTIVE_NAMES)
+    check_choice("pfa_alignment", o.pfa_alignment, PFA_ALIGNMENTS)
+    check_range("objective_alpha", o.objective_alpha, 0)
+    check_range("pfa_epsilon", o.pfa_epsilon, 0, lo_open=True)
+    check_range("hl_top_k", o.hl_top_k, 1)
+    check_range("aacl_tau", o.aacl_tau, 0, lo_open=True)
+    check_range("retrieval_scale", o.retrieval_scale, 0, lo_open=True)
+    if o.split_by_article is not None:
+        from compress.tasks.qa import parse_split_by_article
+
+        parse_split_by_article(o.split_by_article)
+
+
+def effective_doc_stride(o, max_length: int) -> int:
+    """The token overlap between windows; must leave room for new context in each window."""
+    from compress.errors import UsageError
+
+    stride = o.doc_stride if o.doc_stride is not None else max_length // 3
+    if stride >= max_length // 2:
+        raise UsageError(f"--doc-stride {stride} must be below half of --max-length {max_length} "
+                         "(use --max-length 384 --doc-stride 128, the SQuAD standard)")
+    return stride

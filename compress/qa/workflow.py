@@ -1,0 +1,224 @@
+"""SQuAD fine-tuning and evaluation: load -> features -> train (objective plug-in) -> post-process
+-> official EM/F1 -> save. Registered in ``compress.finetune.FINETUNE_FAMILIES``/``EVAL_FAMILIES``.
+
+QA uses its own short loop instead of ``compress.training.train`` because objectives such as PFA
+train parameters of their own (the perturbation MLP) and compute several forward passes per batch.
+Hooks are honoured the same way: ``on_train_begin(model, total_steps)`` and ``on_step_end(model,
+step)`` after each optimizer step (pruning re-applies masks there). The loss comes from the objective.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from compress.config import to_dict
+from compress.errors import ModelError, UsageError
+from compress.models import load_tokenizer, read_meta, resolve_model, save_model
+from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
+from compress.qa.objectives import make_objective
+from compress.qa.options import effective_doc_stride
+from compress.qa.postprocess import postprocess_predictions
+from compress.qa.squad_metric import squad_scores
+from compress.runs import RunDir
+from compress.tasks import get_task
+from compress.tasks.qa import QADataset, load_squad_split
+from compress.training import epoch_order, set_seed
+
+QA_TASK = "squad"
+
+
+def load_qa_model(spec: str, require_finetuned: bool = False):
+    """``AutoModelForQuestionAnswering`` (outputs start_logits/end_logits); a fresh span head on a
+    plain encoder. ``require_finetuned`` refuses a model that was not fine-tuned on squad."""
+    from transformers import AutoModelForQuestionAnswering
+
+    path = resolve_model(spec)
+    meta = read_meta(path)
+    if require_finetuned and meta.get("task") != QA_TASK:
+        raise ModelError(f"model '{spec}' was not fine-tuned on squad (its task is "
+                         f"{meta.get('task')!r}); pass a run folder of 'compress finetune --task squad'")
+    try:
+        model = AutoModelForQuestionAnswering.from_pretrained(path, use_safetensors=True,
+                                                              trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
+        raise ModelError(f"could not load '{spec}' as a question-answering model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    return model, load_tokenizer(spec), meta
+
+
+def load_qa_data(cfg, splits: Sequence[str] = ("train", "dev")) -> dict[str, QADataset]:
+    """The requested splits, limited by --train-limit/--eval-limit (questions)."""
+    opts = cfg.data_options()
+    out = {}
+    for s in splits:
+        ds = load_squad_split(opts, s, cfg.split_by_article, cfg.skip_bad_examples)
+        ds = ds.subset(cfg.train_limit if s == "train" else cfg.eval_limit)
+        if len(ds) == 0:
+            from compress.errors import DataError
+
+            raise DataError(f"squad: split '{s}' has no questions")
+        out[s] = ds
+    return out
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def train_qa(model, tokenizer, feats: list[dict], cfg, objective, hooks: Sequence = (),
+             log: Callable[[dict], None] | None = None) -> dict:
+    """Train ``model`` in place on training windows; returns {'steps', 'final_loss'}."""
+    from transformers import get_linear_schedule_with_warmup
+
+    set_seed(cfg.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    objective.to(device)
+    per_epoch = max(1, math.ceil(len(feats) / cfg.batch_size))
+    total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
+    params = [p for p in model.parameters() if p.requires_grad] + list(objective.trainable_parameters())
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
+    for h in hooks:
+        h.on_train_begin(model, total)
+    model.train()
+    objective.train()
+    step, running, last = 0, 0.0, float("nan")
+    while step < total:
+        epoch, _ = divmod(step, per_epoch)
+        order = epoch_order(len(feats), cfg.seed, epoch)
+        for b in range(per_epoch):
+            if step >= total:
+                break
+            idx = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            batch = {k: v.to(device) for k, v in collate_features(tokenizer, [feats[i] for i in idx]).items()}
+            loss, extra = objective.loss(model, batch)
+            loss.backward()
+            if cfg.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            for h in hooks:
+                h.on_step_end(model, step)
+            last = float(loss.detach())
+            running += last
+            if log and step % cfg.log_every == 0:
+                log({"step": step, "loss": running / cfg.log_every, "lr": scheduler.get_last_lr()[0],
+                     **extra})
+                running = 0.0
+    return {"steps": step, "final_loss": last}
+
+
+@torch.no_grad()
+def predict_spans(model, tokenizer, feats: list[dict], batch_size: int) -> tuple[list, list]:
+    """Start and end logits per window, each trimmed to the window's length."""
+    model.eval()
+    device = _device(model)
+    starts, ends = [], []
+    for i in range(0, len(feats), batch_size):
+        rows = feats[i:i + batch_size]
+        batch = {k: v.to(device) for k, v in collate_features(tokenizer, rows).items()}
+        out = model(**batch)
+        s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+        for j, r in enumerate(rows):
+            n = len(r["input_ids"])
+            starts.append(s[j, :n])
+            ends.append(e[j, :n])
+    return starts, ends
+
+
+def evaluate_qa(model, tokenizer, ds: QADataset, max_length: int, doc_stride: int, n_best: int = 20,
+                max_answer_length: int = 30, batch_size: int = 64) -> tuple[dict, dict[str, str]]:
+    """Official EM/F1 (percent) of ``model`` on ``ds``; the score is F1. Returns (metrics, predictions)."""
+    feats = prepare_eval_features(tokenizer, ds.examples, max_length, doc_stride)
+    starts, ends = predict_spans(model, tokenizer, feats, batch_size)
+    preds = postprocess_predictions(ds.examples, feats, starts, ends, n_best, max_answer_length)
+    refs = {e.qid: list(e.answers) for e in ds.examples}
+    m = squad_scores(preds, refs)
+    m.update({"score": m["f1"], "n": len(ds), "windows": len(feats)})
+    return m, preds
+
+
+def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: dict | None = None) -> Path:
+    """Fine-tune a span head on squad and evaluate it; returns the finished run folder."""
+    spec = get_task(cfg.task)
+    if cfg.resume:
+        raise UsageError("--resume is not supported for squad yet; start a new run")
+    doc_stride = effective_doc_stride(cfg, cfg.max_length)
+    data = load_qa_data(cfg)
+    model, tokenizer, _ = load_qa_model(cfg.model)
+    objective = make_objective(cfg.objective, model, cfg)
+    hooks = list(hook_factory(model)) if hook_factory else []
+    name = cfg.name or f"{spec.name}-{cfg.objective}"
+    with RunDir(command, name=name, out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+        feats = prepare_train_features(tokenizer, data["train"].examples, cfg.max_length, doc_stride)
+        result = train_qa(model, tokenizer, feats, cfg, objective, hooks, log=run.log_metrics)
+        train_s = time.time() - t0
+        metrics, preds = evaluate_qa(model, tokenizer, data["dev"], cfg.max_length, doc_stride,
+                                     cfg.n_best, cfg.max_answer_length, cfg.eval_batch_size)
+        run.log_metrics({"step": result["steps"], "eval": metrics})
+        meta = {"task": QA_TASK, "head": "question-answering", "max_length": cfg.max_length,
+                "doc_stride": doc_stride, "n_best": cfg.n_best,
+                "max_answer_length": cfg.max_answer_length, "base_model": cfg.model,
+                "objective": cfg.objective, **(extra_meta or {})}
+        save_model(model, tokenizer, run.path / "model", meta)
+        for h in hooks:
+            if hasattr(h, "save"):
+                h.save(run.path)
+        (run.path / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n", encoding="utf-8")
+        summary = {"command": command, "task": spec.name, "model": cfg.model, "objective": cfg.objective,
+                   "train_questions": len(data["train"]), "train_windows": len(feats),
+                   "train_articles": len(data["train"].articles),
+                   "eval_questions": len(data["dev"]), "eval_articles": len(data["dev"].articles),
+                   "skipped_bad_examples": data["train"].skipped, "steps": result["steps"],
+                   "final_loss": result["final_loss"], "train_seconds": round(train_s, 1),
+                   "metric": spec.metric, "eval": metrics}
+        run.write_summary(summary)
+    print(f"{spec.name}: EM = {metrics['exact_match']:.2f}, F1 = {metrics['f1']:.2f} on "
+          f"{metrics['n']} questions ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
+    return run.path
+
+
+def eval_qa(cfg) -> dict:
+    """Re-evaluate a squad model on the eval split; writes an eval run folder."""
+    spec = get_task(cfg.task)
+    data = load_qa_data(cfg, ("dev",))
+    model, tokenizer, meta = load_qa_model(cfg.model, require_finetuned=True)
+    max_length = cfg.max_length or meta.get("max_length", 384)
+    doc_stride = effective_doc_stride(cfg, max_length) if cfg.doc_stride is not None else \
+        meta.get("doc_stride", max_length // 3)
+    if torch.cuda.is_available():
+        model.to("cuda")
+    with RunDir("eval", name=spec.name, out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(None)
+        metrics, preds = evaluate_qa(model, tokenizer, data["dev"], max_length, doc_stride, cfg.n_best,
+                                     cfg.max_answer_length, cfg.batch_size)
+        (run.path / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n", encoding="utf-8")
+        run.write_summary({"command": "eval", "task": spec.name, "model": cfg.model,
+                           "metric": spec.metric, "skipped_bad_examples": data["dev"].skipped,
+                           "eval": metrics})
+    print(f"{spec.name}: EM = {metrics['exact_match']:.2f}, F1 = {metrics['f1']:.2f} on "
+          f"{metrics['n']} questions -> {run.path}")
+    return metrics
+
+
+def squad_references(ds: QADataset) -> dict[str, list[str]]:
+    return {e.qid: list(e.answers) for e in ds.examples}
+
+
+__all__ = ["evaluate_qa", "eval_qa", "finetune_qa", "load_qa_model", "train_qa"]

@@ -1,0 +1,154 @@
+"""Dual encoder for ReQA: one shared BERT for questions and sentences, mean pooling over tokens,
+l2-normalised embeddings; trained with an in-batch sampled softmax over scaled dot products
+(Henderson et al. 2017; scale 100 as in Yang et al. 2019), optionally weighted per pair."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.errors import ModelError
+from compress.models import load_tokenizer, read_meta, resolve_model
+from compress.training import epoch_order, set_seed
+
+REQA_TASK = "reqa"
+
+
+class DualEncoder(nn.Module):
+    """texts -> (B, H) unit vectors; ``encoder`` is a Hugging Face ``AutoModel`` (saved as is)."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        kw = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+        return F.normalize(mean_pool(h, attention_mask), dim=-1)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of hidden (B, T, H) over tokens where mask (B, T) is 1 -> (B, H)."""
+    m = mask.to(hidden.dtype)[..., None]
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+def load_dual_encoder(spec: str, require_finetuned: bool = False):
+    from transformers import AutoModel
+
+    path = resolve_model(spec)
+    meta = read_meta(path)
+    if require_finetuned and meta.get("task") != REQA_TASK:
+        raise ModelError(f"model '{spec}' is not a ReQA dual encoder (its task is {meta.get('task')!r}); "
+                         "pass a run folder of 'compress finetune --task reqa'")
+    try:
+        enc = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
+        raise ModelError(f"could not load '{spec}' as an encoder ({type(exc).__name__})") from None
+    return DualEncoder(enc), load_tokenizer(spec), meta
+
+
+def in_batch_softmax_loss(q: torch.Tensor, s: torch.Tensor, scale: float,
+                          weights: torch.Tensor | None = None,
+                          not_negative: torch.Tensor | None = None) -> torch.Tensor:
+    """Sampled softmax: pair i's sentence is the target among all sentences of the batch.
+
+    q, s: (B, H) unit vectors; logits = scale * q @ s.T. ``weights`` (B,) weight each pair's
+    cross-entropy (weighted mean). ``not_negative`` (B, B) bool marks off-diagonal entries that must
+    not count as negatives (the same sentence or the same question twice in a batch).
+    """
+    logits = scale * q @ s.T
+    if not_negative is not None:
+        eye = torch.eye(len(q), dtype=torch.bool, device=q.device)
+        logits = logits.masked_fill(not_negative & ~eye, float("-inf"))
+    target = torch.arange(len(q), device=q.device)
+    ce = F.cross_entropy(logits, target, reduction="none")
+    if weights is None:
+        return ce.mean()
+    return (weights * ce).sum() / weights.sum()
+
+
+def _tokens(tokenizer, texts: Sequence[str], max_length: int, device) -> dict:
+    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+@torch.no_grad()
+def embed_texts(model: DualEncoder, tokenizer, texts: Sequence[str], max_length: int,
+                batch_size: int = 128) -> torch.Tensor:
+    """(N, H) unit vectors on the CPU."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = [model(**_tokens(tokenizer, texts[i:i + batch_size], max_length, device)).float().cpu()
+           for i in range(0, len(texts), batch_size)]
+    return torch.cat(out) if out else torch.zeros(0, 1)
+
+
+def dual_encoder_order(model: DualEncoder, tokenizer, questions: Sequence[str], sentences: Sequence[str],
+                       max_length: int, batch_size: int = 128) -> np.ndarray:
+    """Candidates ranked by cosine similarity for each question: (n_questions, n_sentences)."""
+    from compress.retrieval.metrics import order_from_scores
+
+    q = embed_texts(model, tokenizer, questions, max_length, batch_size)
+    s = embed_texts(model, tokenizer, sentences, max_length, batch_size)
+    return order_from_scores((q @ s.T).numpy())
+
+
+def train_dual_encoder(model: DualEncoder, tokenizer, pairs: Sequence[tuple[int, int, float]],
+                       questions: Sequence[str], sentences: Sequence[str], cfg, scale: float,
+                       hooks: Sequence = (), log: Callable[[dict], None] | None = None) -> dict:
+    """Train on (question index, sentence index, weight) pairs; returns {'steps', 'final_loss'}.
+
+    ``cfg`` supplies lr, epochs, max_steps, batch_size, max_length, warmup_ratio, weight_decay,
+    max_grad_norm, seed, log_every. Hooks get on_train_begin(encoder, total) and
+    on_step_end(encoder, step) with the Hugging Face encoder (what pruning masks apply to).
+    """
+    from transformers import get_linear_schedule_with_warmup
+
+    set_seed(cfg.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size))
+    total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=cfg.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
+    for h in hooks:
+        h.on_train_begin(model.encoder, total)
+    model.train()
+    step, running, last = 0, 0.0, float("nan")
+    while step < total:
+        order = epoch_order(len(pairs), cfg.seed, step // per_epoch)
+        for b in range(per_epoch):
+            if step >= total:
+                break
+            rows = [pairs[i] for i in order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
+            qi = torch.tensor([r[0] for r in rows], device=device)
+            si = torch.tensor([r[1] for r in rows], device=device)
+            w = torch.tensor([r[2] for r in rows], dtype=torch.float32, device=device)
+            q = model(**_tokens(tokenizer, [questions[r[0]] for r in rows], cfg.max_length, device))
+            s = model(**_tokens(tokenizer, [sentences[r[1]] for r in rows], cfg.max_length, device))
+            same = (qi[:, None] == qi[None, :]) | (si[:, None] == si[None, :])
+            loss = in_batch_softmax_loss(q, s, scale, w, same)
+            loss.backward()
+            if cfg.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            for h in hooks:
+                h.on_step_end(model.encoder, step)
+            last = float(loss.detach())
+            running += last
+            if log and step % cfg.log_every == 0:
+                log({"step": step, "loss": running / cfg.log_every, "lr": scheduler.get_last_lr()[0]})
+                running = 0.0
+    return {"steps": step, "final_loss": last}

@@ -1,0 +1,57 @@
+"""SQuAD windows: answer labels map back to the answer text; long contexts get overlapping windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from compress.models import load_tokenizer
+from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
+from compress.tasks.qa import QAExample
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("minilm")
+
+
+def _long_example():
+    filler = " ".join(f"word{i} is here." for i in range(60))
+    context = filler + " The treasure is buried under the old oak tree. " + filler
+    start = context.index("the old oak tree")
+    return QAExample("q1", "T", context, "Where is the treasure?", ("the old oak tree",), (start,))
+
+
+def test_train_labels_point_at_the_answer_in_the_window_that_holds_it(tok):
+    ex = _long_example()
+    feats = prepare_train_features(tok, [ex], max_length=64, doc_stride=16)
+    assert len(feats) > 3  # the context is much longer than one window
+    labelled = [f for f in feats if f["start_positions"] > 0]
+    assert labelled, "some window must hold the answer"
+    for f in labelled:
+        span = tok.decode(f["input_ids"][f["start_positions"]:f["end_positions"] + 1])
+        assert span == "the old oak tree"
+    # windows that do not hold the whole answer point at [CLS]
+    assert all(f["end_positions"] == 0 for f in feats if f["start_positions"] == 0)
+    assert all(len(f["input_ids"]) <= 64 for f in feats)
+
+
+def test_eval_offsets_cover_only_the_context_and_windows_overlap(tok):
+    ex = _long_example()
+    feats = prepare_eval_features(tok, [ex], max_length=64, doc_stride=16)
+    assert all(f["example_index"] == 0 for f in feats)
+    for f in feats:
+        offs = [o for o in f["offset_mapping"] if o is not None]
+        assert offs and len(offs) < len(f["input_ids"])  # question and special tokens are None
+        assert f["offset_mapping"][0] is None  # [CLS]
+    # consecutive windows share context: the second starts before the first ends
+    first_end = max(o[1] for o in feats[0]["offset_mapping"] if o is not None)
+    second_start = min(o[0] for o in feats[1]["offset_mapping"] if o is not None)
+    assert second_start < first_end
+
+
+def test_collate_pads_and_stacks_labels(tok):
+    ex = _long_example()
+    feats = prepare_train_features(tok, [ex], max_length=64, doc_stride=16)[:3]
+    b = collate_features(tok, feats)
+    assert b["input_ids"].shape[0] == 3
+    assert b["start_positions"].tolist() == [f["start_positions"] for f in feats]
