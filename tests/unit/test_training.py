@@ -1,0 +1,240 @@
+"""The training loop and its checkpoints, in process, on a tiny BERT classifier."""
+
+from __future__ import annotations
+
+import errno
+import io
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import compress.training as T
+from compress.errors import CompressError, IntegrityError, UsageError
+from compress.tasks import TASKS, DataOptions
+from compress.training import (
+    TrainConfig,
+    TrainHook,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_checkpoint,
+    rank_batches,
+    save_checkpoint,
+    steps_per_epoch,
+    train,
+)
+
+
+def _model(seed: int = 0, dropout: float = 0.1):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, num_labels=2, hidden_dropout_prob=dropout,
+                     attention_probs_dropout_prob=dropout)
+    return BertForSequenceClassification(cfg)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from compress.models import packaged_model_path
+
+    return AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
+
+
+@pytest.fixture(scope="module")
+def feats(tok):
+    ds = TASKS["sample"].load(DataOptions(), "train").subset(40)
+    return T.encode(tok, ds, 24)
+
+
+class CountingMaskHook(TrainHook):
+    """Zeroes the classifier's smallest weights; its state (mask + a counter) must survive resume."""
+
+    def __init__(self):
+        self.mask = None
+        self.calls = 0
+
+    def on_train_begin(self, model, total_steps):
+        if self.mask is None:
+            w = model.classifier.weight
+            self.mask = w.abs() > w.abs().median()
+
+    def on_step_end(self, model, step):
+        self.calls += 1
+        with torch.no_grad():
+            model.classifier.weight.mul_(self.mask)
+
+    def state_dict(self):
+        return {"mask": self.mask.clone(), "calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.mask, self.calls = state["mask"].clone(), state["calls"]
+
+
+CFG = dict(lr=1e-3, max_steps=9, batch_size=8, max_length=24, log_every=2, warmup_ratio=0.3, seed=5)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# batching
+
+
+@pytest.mark.parametrize("n, bs, world", [(40, 8, 1), (41, 8, 2), (9, 4, 2), (7, 3, 3), (1, 5, 2)])
+def test_rank_batches_equal_counts_and_cover_the_epoch(n, bs, world):
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(n)).tolist()
+    per = [rank_batches(order, bs, r, world) for r in range(world)]
+    expected = steps_per_epoch(n, bs, world)
+    assert all(len(p) == expected for p in per)  # no rank runs out of batches before another
+    assert all(b for p in per for b in p)  # and none gets an empty one
+    seen = {i for p in per for b in p for i in b}
+    assert seen == set(range(n))
+    if world == 1:
+        assert per[0] == [order[i:i + bs] for i in range(0, n, bs)]
+
+
+def test_rank_batches_of_two_ranks_union_to_the_single_process_batch():
+    order = list(range(32))
+    one = rank_batches(order, 8, 0, 1)
+    two = [rank_batches(order, 4, r, 2) for r in range(2)]
+    for b in range(4):
+        assert sorted(two[0][b] + two[1][b]) == sorted(one[b])
+
+
+# ---------------------------------------------------------------------------------------------------
+# determinism and resume
+
+
+def test_same_seed_same_losses_and_weights_different_seed_differs(tok, feats):
+    runs = []
+    for seed in (5, 5, 6):
+        model, logs = _model(), []
+        train(model, tok, feats, TrainConfig(**{**CFG, "seed": seed}), [CountingMaskHook()], log=logs.append)
+        runs.append((logs, _params(model)))
+    (l1, p1), (l2, p2), (l3, p3) = runs
+    assert l1 == l2 and all(torch.equal(p1[k], p2[k]) for k in p1)
+    assert l1 != l3  # the seed drives data order and dropout
+
+
+def test_resume_from_checkpoint_replays_dropout_scheduler_and_hook_state(tok, feats, tmp_path):
+    # uninterrupted, checkpointing every 3 steps (so the loss window of log_every=2 is split)
+    ref_model, ref_logs, ref_hook = _model(), [], CountingMaskHook()
+    cfg = TrainConfig(**CFG, checkpoint_every=3)
+    train(ref_model, tok, feats, cfg, [ref_hook], log=ref_logs.append, checkpoint_dir=tmp_path / "a")
+    assert [p.name for p in checkpoint_dirs(tmp_path / "a")] == ["step-00000003", "step-00000006"]
+
+    # a fresh process would start from a different model and RNG; resuming must not care
+    torch.manual_seed(999)
+    np.random.seed(999)
+    random.seed(999)
+    model, logs, hook = _model(seed=123), [], CountingMaskHook()
+    out = train(model, tok, feats, cfg, [hook], log=logs.append, checkpoint_dir=tmp_path / "a", resume=True)
+    assert out["resumed_from"] == 6 and out["steps"] == 9
+    assert logs == [r for r in ref_logs if r["step"] > 6]  # losses (incl. the split window) and lr
+    assert hook.calls == ref_hook.calls == 9 and torch.equal(hook.mask, ref_hook.mask)
+    p, q = _params(model), _params(ref_model)
+    assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+def test_rng_state_round_trip_including_numpy_gauss_cache(tmp_path):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    np.random.seed(1)
+    np.random.standard_normal()  # leaves a cached gaussian in numpy's state
+    random.seed(2)
+    torch.manual_seed(3)
+    save_checkpoint(tmp_path, model, opt, sched, [], 1)
+    want = (torch.rand(3), np.random.standard_normal(3), random.random())
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    load_checkpoint(tmp_path, model, opt, sched, [])
+    got = (torch.rand(3), np.random.standard_normal(3), random.random())
+    assert torch.equal(want[0], got[0]) and np.array_equal(want[1], got[1]) and want[2] == got[2]
+
+
+# ---------------------------------------------------------------------------------------------------
+# atomic, verified checkpoints
+
+
+def _save(folder, step, model=None):
+    model = model or _model()
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return save_checkpoint(folder, model, opt, sched, [], step), (model, opt, sched)
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")])
+def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch, fault):
+    _save(tmp_path, 2)
+    before = (tmp_path / "step-00000002" / "state.pt").read_bytes()
+    real = torch.save
+
+    def half_then_fail(obj, f, *a, **k):
+        buf = io.BytesIO()
+        real(obj, buf, *a, **k)
+        f.write(buf.getvalue()[:1000])  # some bytes reached the disk
+        raise fault
+
+    monkeypatch.setattr(T.torch, "save", half_then_fail)
+    with pytest.raises(type(fault)):
+        _save(tmp_path, 4)
+    monkeypatch.setattr(T.torch, "save", real)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002"]  # no partial folder left
+    assert (tmp_path / "step-00000002" / "state.pt").read_bytes() == before
+    assert latest_checkpoint(tmp_path).name == "step-00000002"
+
+
+def test_keeps_the_last_two_and_falls_back_when_the_newest_is_corrupt(tmp_path):
+    model = _model()
+    for s in (2, 4, 6):
+        _, (m, opt, sched) = _save(tmp_path, s, model)
+    assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step-00000004", "step-00000006"]
+    newest = tmp_path / "step-00000006" / "state.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte
+    newest.write_bytes(bytes(data))
+    assert latest_checkpoint(tmp_path).name == "step-00000004"
+    assert load_checkpoint(tmp_path, m, opt, sched, [])["step"] == 4
+    older = tmp_path / "step-00000004" / "state.pt"
+    older.write_bytes(older.read_bytes()[:100])  # truncated
+    with pytest.raises(IntegrityError, match="every checkpoint .* is corrupt"):
+        latest_checkpoint(tmp_path)
+
+
+def test_checkpoint_of_another_shape_or_hook_count_is_one_line_error(tmp_path):
+    _save(tmp_path, 1)
+    big = _model()
+    big.classifier = torch.nn.Linear(16, 3)
+    opt = torch.optim.AdamW(big.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with pytest.raises(CompressError, match="does not fit this model") as e:
+        load_checkpoint(tmp_path, big, opt, sched, [])
+    assert "\n" not in str(e.value)
+    m = _model()
+    opt = torch.optim.AdamW(m.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with pytest.raises(CompressError, match="state of 0 hook"):
+        load_checkpoint(tmp_path, m, opt, sched, [CountingMaskHook()])
+
+
+def test_no_checkpoint_at_the_last_step_and_resume_without_one_starts_at_zero(tok, feats, tmp_path):
+    cfg = TrainConfig(**{**CFG, "max_steps": 6}, checkpoint_every=3)
+    out = train(_model(), tok, feats, cfg, [], checkpoint_dir=tmp_path / "c", resume=True)
+    assert out["resumed_from"] is None and out["steps"] == 6
+    assert [p.name for p in checkpoint_dirs(tmp_path / "c")] == ["step-00000003"]
+
+
+@pytest.mark.parametrize("field, value", [("lr", float("nan")), ("lr", float("inf")), ("seed", -1),
+                                          ("log_every", 0), ("checkpoint_every", -2),
+                                          ("rank_check_every", -1), ("eval_batch_size", 0)])
+def test_train_config_refuses(field, value):
+    with pytest.raises(UsageError, match=f"--{field.replace('_', '-')}"):
+        TrainConfig(**{field: value})
