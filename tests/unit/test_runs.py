@@ -1,0 +1,126 @@
+"""Run folders: complete or absent, kept for resume only when a checkpoint exists, metrics rewound."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from compress.errors import DataError, UsageError
+from compress.runs import RunDir, records_upto
+from compress.training import save_checkpoint
+
+
+def _checkpoint(run: RunDir, step: int) -> None:
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    save_checkpoint(run.checkpoint_dir, m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                    [], step)
+
+
+def test_success_renames_and_nothing_exists_before_enter(tmp_path):
+    run = RunDir("x", out=tmp_path / "r")
+    assert not list(tmp_path.iterdir())
+    with run:
+        assert run.path.name == ".tmp-r"
+        run.write_summary({"ok": 1})
+    assert run.path == (tmp_path / "r").resolve()
+    assert json.loads((tmp_path / "r" / "summary.json").read_text()) == {"ok": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+@pytest.mark.parametrize("exc", [DataError("bad row"), KeyboardInterrupt(), OSError(28, "No space"),
+                                 RuntimeError("boom")])
+def test_failure_before_a_checkpoint_leaves_nothing(tmp_path, exc):
+    with pytest.raises(type(exc)), RunDir("x", out=tmp_path / "r") as run:
+        run.write_config({"a": 1})
+        raise exc
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), OSError(28, "No space"), RuntimeError("CUDA OOM")])
+def test_failure_after_a_checkpoint_keeps_it_for_resume(tmp_path, exc):
+    with pytest.raises(type(exc)), RunDir("x", out=tmp_path / "r") as run:
+        _checkpoint(run, 4)
+        raise exc
+    assert (tmp_path / ".tmp-r" / "checkpoint" / "step-00000004" / "state.pt").is_file()
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(UsageError, match="pass --resume"):
+        RunDir("x", out=tmp_path / "r")
+
+
+def test_resume_rewinds_metrics_to_the_checkpoint_and_drops_a_torn_line(tmp_path):
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
+        for s in range(1, 6):
+            run.log_metrics({"step": s, "loss": s / 10})
+        _checkpoint(run, 5)
+        for s in range(6, 8):
+            run.log_metrics({"step": s, "loss": s / 10})
+        with open(run.path / "metrics.jsonl", "a") as fh:
+            fh.write('{"step": 8, "lo')  # killed mid-write
+        raise KeyboardInterrupt
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        steps = [json.loads(x)["step"] for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2, 3, 4, 5]
+        assert run.resumed
+
+
+def test_records_upto(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"note": "header"}\n{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 2, "eval": 1}\n')
+    assert records_upto(p, 2) == ['{"note": "header"}\n', '{"step": 1}\n', '{"step": 2}\n']
+    assert records_upto(p, 0) == ['{"note": "header"}\n']
+    p.write_text('{"step": 1}\n{"step": 2}')  # last line without newline: cut short
+    assert records_upto(p, 9) == ['{"step": 1}\n']
+
+
+def test_resume_refuses_different_options_and_records_the_resume(tmp_path):
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
+        run.write_config({"lr": 0.1, "seed": 1, "resume": False})
+        run.write_env(1)
+        _checkpoint(run, 2)
+        raise KeyboardInterrupt
+    with pytest.raises(UsageError, match=r"lr: 0.1 -> 0.2"), \
+            RunDir("x", out=tmp_path / "r", resume=True) as run:
+        run.write_config({"lr": 0.2, "seed": 1, "resume": True})
+    assert (tmp_path / ".tmp-r" / "checkpoint" / "step-00000002").is_dir()  # still there
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        run.write_config({"lr": 0.1, "seed": 1, "resume": True})
+        run.write_env(1)
+    env = json.loads((tmp_path / "r" / "env.json").read_text())
+    assert env["seed"] == 1 and len(env["resumes"]) == 1
+
+
+def test_resume_of_a_run_that_never_started_is_a_fresh_run(tmp_path):
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        assert not run.resumed
+    assert (tmp_path / "r").is_dir()
+
+
+@pytest.mark.parametrize("out, needle", [("file.txt", "is an existing file"),
+                                         ("file.txt/sub", "is a file, so no folder"),
+                                         ("a\x00b", "NUL byte"), ("", "--out is empty")])
+def test_bad_out_paths(tmp_path, monkeypatch, out, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file.txt").write_text("keep me")
+    with pytest.raises(UsageError, match=needle):
+        RunDir("x", out=out)
+    assert (tmp_path / "file.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_existing_run_is_never_overwritten_and_resume_needs_out(tmp_path, monkeypatch):
+    (tmp_path / "r").mkdir()
+    with pytest.raises(UsageError, match="already exists"):
+        RunDir("x", out=tmp_path / "r")
+    with pytest.raises(UsageError, match="--resume needs --out"):
+        RunDir("x", resume=True)
+
+
+def test_run_names_cannot_escape_the_artifacts_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPRESS_ARTIFACTS", str(tmp_path / "art"))
+    with RunDir("cmd", name="../../evil/x") as run:
+        pass
+    assert run.path.parent == tmp_path / "art" / "cmd"
+    assert run.path.name.endswith("-evil-x") and not (tmp_path / "evil").exists()
