@@ -50,6 +50,8 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
+        if isinstance(getattr(self.model, "vocab_size", None), int):
+            return int(self.model.vocab_size)
         cfg = getattr(self.model, "config", None)
         if cfg is not None and getattr(cfg, "vocab_size", None):
             return int(cfg.vocab_size)
@@ -64,21 +66,13 @@ def is_onnx_file(spec: str) -> bool:
 
 
 def _load_student_folder(folder: Path) -> LoadedModel | None:
-    """A student saved by ``students`` (when that package provides a loader), else None."""
-    try:
-        from students import registry  # noqa: PLC0415 - optional until the students land
-    except ImportError:
+    """A student saved by ``students.registry.save_student`` (``student.json``), else None."""
+    from students.registry import STUDENT_FILE, load_student
+
+    if not (folder / STUDENT_FILE).is_file() and not (folder / "student" / STUDENT_FILE).is_file():
         return None
-    loader = getattr(registry, "load_student", None)
-    if loader is None:
-        return None
-    try:
-        model = loader(folder)
-    except Exception:  # noqa: BLE001 - not a student folder; the caller tries the next kind
-        return None
-    if model is None:
-        return None
-    return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(folder))
+    model, info = load_student(folder)
+    return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(folder), info)
 
 
 def load_torch_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
@@ -93,11 +87,10 @@ def load_torch_model(spec: str, attn_implementation: str = "eager") -> LoadedMod
     if p.is_file():
         raise ModelError(f"{p} is a file, not a model; pass a model folder, a run folder, "
                          "'minilm' or an .onnx file")
-    for folder in (p / "model", p):
-        if folder.is_dir() and not (folder / "config.json").is_file():
-            student = _load_student_folder(folder)
-            if student is not None:
-                return student
+    if p.is_dir():
+        student = _load_student_folder(p)
+        if student is not None:
+            return student
     from transformers import AutoModelForSequenceClassification
 
     import compress.pruning.structured  # noqa: F401 - registers the structured-pruned BERT class
@@ -297,8 +290,13 @@ def pin_attention_heads(path: str | Path) -> int:
 def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_size: int = 0,
                   model_type: str = "bert") -> dict[str, int]:
     """onnxruntime's transformer optimizer; returns its fused-operator counts (Attention, ...)."""
+    import logging
+
     from onnxruntime.transformers.optimizer import optimize_model
 
+    # Per-layer fusion warnings ("Input hidden size (288) is not same as ...") describe pruned
+    # layers correctly handled from the pinned Reshape shapes; keep only errors.
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     if num_heads == 0:
         work = Path(dst).with_suffix(".pinned.onnx")
         shutil.copyfile(src, work)
@@ -469,6 +467,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         shutil.move(str(final), dst)
         report["file"] = str(dst)
         report["bytes"] = dst.stat().st_size
+        report["report"] = str(report_path)
         report_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -53,14 +53,16 @@ def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
     """Parameters of an ONNX file: its initializers (element counts, non-zeros, dtypes).
 
     Quantized files hold int8 weights plus their scales and zero points; both are counted, and the
-    int8 element count is given separately.
+    int8 element count is given separately. ``float_matrix_sparsity`` is the zero fraction of the
+    fp32 weight matrices (embeddings excluded): pruning zeros. In int8 weights a zero can also be a
+    small weight rounded to zero, so ``int8_zero_fraction`` is reported apart.
     """
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    total = nonzero = emb = emb_nz = int8 = 0
+    total = nonzero = emb = emb_nz = int8 = int8_nz = fmat = fmat_nz = 0
     tensors = []
     for init in model.graph.initializer:
         arr = numpy_helper.to_array(init)
@@ -70,6 +72,10 @@ def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
         nonzero += nz
         if arr.dtype in (np.int8, np.uint8):
             int8 += n
+            int8_nz += nz
+        elif arr.dtype.kind == "f" and arr.ndim >= 2 and "embed" not in init.name.lower():
+            fmat += n
+            fmat_nz += nz
         if "embed" in init.name.lower():
             emb += n
             emb_nz += nz
@@ -81,6 +87,8 @@ def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     return {"total": total, "nonzero": nonzero, "embeddings": emb, "embeddings_nonzero": emb_nz,
             "encoder": total - emb, "encoder_nonzero": nonzero - emb_nz, "int8_elements": int8,
+            "int8_zero_fraction": 1.0 - int8_nz / int8 if int8 else 0.0,
+            "float_matrix_sparsity": 1.0 - fmat_nz / fmat if fmat else 0.0,
             "sparsity": 1.0 - nonzero / total if total else 0.0,
             "encoder_sparsity": 1.0 - (nonzero - emb_nz) / (total - emb) if total > emb else 0.0,
             "matrices": tensors, "op_counts": dict(sorted(ops.items()))}

@@ -1,0 +1,30 @@
+from compress.cli.common import add_config_args, config_from_args
+from compress.measure.bench import BenchConfig, BenchOptions, format_bench, run_bench
+
+HELP = "benchmark models in PyTorch eager and onnxruntime: latency, throughput, ratios, GFLOP/s vs peak"
+EXAMPLES = """examples:
+  compress bench minilm --batch-sizes 1,32 --seq-lens 128
+  compress bench base=minilm int8=sst2-int8.onnx bilstm=bilstm.onnx --runtimes ort
+  compress bench artifacts/finetune/RUN --provider cuda --iterations 50
+"""
+HELPS = {"batch_sizes": "batch sizes to time (integers)", "seq_lens": "sequence lengths to time",
+         "warmup": "untimed calls before timing", "iterations": "timed calls per grid point",
+         "runtimes": "torch and/or ort (for model folders; .onnx files always use ort)",
+         "provider": "onnxruntime provider: auto, cpu, cuda or a full provider name",
+         "threads": "intra-op threads for torch and onnxruntime (default: torch's)",
+         "matmul_n": "matrix size of the dense matmul peak measurement",
+         "out": "run folder to create", "name": "run name"}
+
+
+def add_arguments(parser):
+    parser.add_argument("models", nargs="+", metavar="MODEL",
+                        help="model/run/student folders, 'minilm' or .onnx files; LABEL=PATH names a row; "
+                             "the first is the baseline")
+    add_config_args(parser, BenchOptions, HELPS)
+
+
+def run(args):
+    result = run_bench(config_from_args(BenchConfig, args))
+    print(format_bench(result))
+    print(f"-> {result['run_dir']}/bench.json")
+    return 0

@@ -1,0 +1,50 @@
+from compress.cli.common import add_config_args, config_from_args
+from compress.export.onnx import ExportConfig, run_export
+
+HELP = "export a model to ONNX with a mandatory parity check; optionally optimize (fusion) and quantize"
+EXAMPLES = """examples:
+  compress export minilm --to minilm.onnx
+  compress export artifacts/finetune/RUN --to sst2.onnx --optimize
+  compress export artifacts/finetune/RUN --to sst2-int8.onnx --optimize --quantize int8 \\
+      --task sst2 --data-dir ../shared/data          # also dev accuracy fp32 vs int8
+  compress export artifacts/distill/RUN --to bilstm.onnx
+"""
+HELPS = {"model": "model folder, run folder, student folder or 'minilm'",
+         "to": "the .onnx file to write (a report goes beside it as .json)",
+         "optimize": "run onnxruntime's transformer optimizer (attention fusion; counts reported)",
+         "quantize": "int8: dynamic int8 quantization with its own looser parity check",
+         "atol": "fp32 parity tolerance (max absolute difference of logits)",
+         "int8_atol": "int8 parity tolerance (max absolute difference of logits)",
+         "shapes": "BATCHxLENGTH shapes the parity check runs on",
+         "provider": "onnxruntime provider for the checks: cpu, cuda, auto or a full name",
+         "task": "also report this task's dev-set metric for fp32 and int8",
+         "data_dir": "folder holding the task's files", "eval_limit": "use only the first N dev examples",
+         "max_length": "tokenizer max length for --task (default: the model's)"}
+
+
+def add_arguments(parser):
+    add_config_args(parser, ExportConfig, HELPS, positional=("model",))
+
+
+def run(args):
+    report = run_export(config_from_args(ExportConfig, args))
+    lines = [f"exported {report['kind']} model -> {report['file']} ({report['bytes'] / 1e6:.2f} MB); "
+             f"inputs {', '.join(report['inputs'])}; dynamic batch and sequence axes"]
+    for key in ("parity_fp32", "parity_optimized", "parity_int8"):
+        if key in report:
+            p = report[key]
+            lines.append(f"parity {p['label']}: max |diff| {max(p['max_abs_diff'].values()):.3g} "
+                         f"<= {p['atol']:g} on {len(p['shapes'])} shapes; argmax agreement "
+                         f"{p['argmax_agreement']:.1%}")
+    if "fused_ops" in report:
+        fused = ", ".join(f"{k} {v}" for k, v in report["fused_ops"].items())
+        lines.append(f"fused ops: {fused or 'none'}")
+    if "warning" in report:
+        lines.append(f"warning: {report['warning']}")
+    if "accuracy" in report:
+        acc = report["accuracy"]
+        scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in ("fp32", "int8") if k in acc)
+        lines.append(f"{acc['task']} {acc['metric']}: {scores} on {acc['fp32']['n']} dev examples")
+    lines.append(f"report -> {report['report']}")
+    print("\n".join(lines))
+    return 0

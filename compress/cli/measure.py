@@ -1,0 +1,30 @@
+import json
+
+from compress.cli.common import add_config_args, config_from_args
+from compress.measure.workflow import MeasureConfig, format_measure, run_measure
+
+HELP = "parameters, FLOPs (dense and effective), sparsity, disk size and 'will it be faster?' of a model"
+EXAMPLES = """examples:
+  compress measure minilm                          # packaged MiniLM at length 128
+  compress measure artifacts/prune/RUN --seq-len 256
+  compress measure model.onnx --json               # initializers' size and sparsity of an ONNX file
+  compress measure artifacts/distill/RUN           # a student
+"""
+HELPS = {"model": "model folder, run folder, student folder, 'minilm' or an .onnx file",
+         "seq_len": "sequence length the FLOPs are counted at",
+         "json": "print the full report as JSON instead of text",
+         "runtime": "runtime the 'will it be faster?' verdict is about"}
+
+
+def add_arguments(parser):
+    add_config_args(parser, MeasureConfig, HELPS, positional=("model",))
+
+
+def run(args):
+    cfg = config_from_args(MeasureConfig, args)
+    result = run_measure(cfg)
+    if cfg.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_measure(result))
+    return 0

@@ -1,0 +1,279 @@
+"""``compress bench``: PyTorch eager vs onnxruntime latency/throughput, same process, same inputs.
+
+Each model argument is a model/run/student folder (timed in PyTorch eager and, exported on the
+fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime only). Every
+(model, runtime) is timed on the same grid of batch sizes x sequence lengths after warm-up; the
+first model's first runtime is the baseline of the ratios. The machine's measured dense matmul
+peak is reported beside each model's achieved GFLOP/s (dense FLOPs of the PyTorch model / time;
+for int8 files the fp32 model's FLOPs, i.e. "equivalent" GFLOP/s).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compress.config import check_choice, check_range, to_dict
+from compress.errors import UsageError
+
+RUNTIMES = ("torch", "ort")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    batch_sizes: tuple[int, ...] = (1, 32)
+    seq_lens: tuple[int, ...] = (128,)
+    warmup: int = 3
+    iterations: int = 10
+    runtimes: tuple[str, ...] = RUNTIMES
+    provider: str = "auto"
+    threads: int | None = None
+    matmul_n: int = 1024
+    out: str | None = None
+    name: str | None = None
+
+    def __post_init__(self):
+        if not self.batch_sizes or not self.seq_lens:
+            raise UsageError("--batch-sizes and --seq-lens need at least one value each")
+        for b in self.batch_sizes:
+            check_range("batch_sizes", b, 1, 4096)
+        for n in self.seq_lens:
+            check_range("seq_lens", n, 1, 4096)
+        check_range("warmup", self.warmup, 0)
+        check_range("iterations", self.iterations, 1)
+        check_range("matmul_n", self.matmul_n, 16, 16384)
+        if self.threads is not None:
+            check_range("threads", self.threads, 1)
+        for r in self.runtimes:
+            check_choice("runtime", r, RUNTIMES)
+
+
+@dataclass(frozen=True)
+class BenchConfig(BenchOptions):
+    models: tuple[str, ...] = ("minilm",)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.models:
+            raise UsageError("give at least one model (folder, run folder, 'minilm' or .onnx file)")
+
+
+def parse_entry(item: str) -> tuple[str, str]:
+    """``label=path`` or ``path`` -> (label, path)."""
+    label, sep, path = item.partition("=")
+    if sep and label and not Path(item).exists():
+        return label, path
+    return Path(item).name if Path(item).name else item, item
+
+
+def _flops_source(path: str) -> str | None:
+    """The PyTorch model an ONNX file was exported from (its ``compress export`` report), if known."""
+    report = Path(path).with_suffix(".json")
+    if report.is_file():
+        try:
+            return json.loads(report.read_text(encoding="utf-8"))["config"]["model"]
+        except (KeyError, ValueError):
+            return None
+    return None
+
+
+def _inputs(names: tuple[str, ...], vocab: int, batch: int, length: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(batch * 7919 + length)
+    ids = torch.randint(min(1000, vocab - 1), vocab, (batch, length), generator=g)
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    return {k: v for k, v in out.items() if k in names}
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Time every model/runtime on the grid; write ``bench.json`` in a run folder; return the results."""
+    from compress.export.onnx import check_parity, export_onnx, is_onnx_file, load_torch_model
+    from compress.export.ort import OrtModel, resolve_provider
+    from compress.measure.flops import count_flops
+    from compress.measure.latency import matmul_peak_gflops, measure_latency
+    from compress.measure.params import onnx_initializer_stats
+    from compress.measure.report import cpu_vnni_flags, speed_verdict
+    from compress.runs import RunDir, write_json
+
+    provider = resolve_provider(cfg.provider)
+    entries = [parse_entry(m) for m in cfg.models]
+    for _, path in entries:  # validate every path before anything is written or timed
+        _validate_model_path(path)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    threads = torch.get_num_threads()
+    device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+    runtime_name = "onnxruntime " + ("CUDA" if device == "cuda" else "CPU")
+    vnni = cpu_vnni_flags()
+
+    flops_cache: dict[tuple[str, int], int] = {}
+
+    def flops_of(src: str | None, length: int) -> int | None:
+        if src is None:
+            return None
+        if (src, length) not in flops_cache:
+            m = load_torch_model(src, attn_implementation="sdpa")
+            fake = _inputs(m.input_names, m.vocab_size, 1, length)
+            flops_cache[(src, length)] = count_flops(m.model, fake)["dense_flops"]
+        return flops_cache[(src, length)]
+
+    with RunDir("bench", name=cfg.name or "bench", out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(None)
+        peak = matmul_peak_gflops(cfg.matmul_n, device=device)
+        rows: list[dict[str, Any]] = []
+        models_info: list[dict[str, Any]] = []
+        for label, path in entries:
+            targets: list[tuple[str, Any, tuple[str, ...], int]] = []  # (runtime, callable, inputs, vocab)
+            info: dict[str, Any] = {"label": label, "path": path}
+            if is_onnx_file(path):
+                sess = OrtModel(path, provider=provider, threads=cfg.threads or threads)
+                stats = onnx_initializer_stats(path)
+                ops = stats["op_counts"]
+                int8 = "MatMulInteger" in ops or "QAttention" in ops
+                src = _flops_source(path)
+                structured = _is_structured(src)
+                info.update(kind="onnx", flops_source=src, int8=int8,
+                            verdict=speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
+                                                  structured=structured, int8=int8, runtime=runtime_name,
+                                                  vnni=vnni))
+                vocab = _onnx_vocab(path)
+                targets.append(("ort", sess, sess.input_names, vocab))
+            else:
+                loaded = load_torch_model(path, attn_implementation="sdpa")
+                model = loaded.model.to(device)
+                src = path
+                info.update(kind=loaded.kind, flops_source=src,
+                            verdict=speed_verdict(
+                                unstructured_sparsity=_encoder_sparsity(model),
+                                structured=getattr(getattr(model, "config", None), "layer_heads", None)
+                                is not None, runtime="PyTorch eager " + device, vnni=vnni))
+                if "torch" in cfg.runtimes:
+                    targets.append(("torch", _torch_callable(loaded), loaded.input_names, loaded.vocab_size))
+                if "ort" in cfg.runtimes:
+                    eager = load_torch_model(path, attn_implementation="eager")
+                    tmp = Path(tempfile.mkdtemp(prefix="compress-bench-"))
+                    onnx_path = export_onnx(eager, tmp / "model.onnx")
+                    info["parity"] = check_parity(eager, onnx_path, provider=provider)
+                    sess = OrtModel(onnx_path, provider=provider, threads=cfg.threads or threads)
+                    targets.append(("ort", sess, sess.input_names, loaded.vocab_size))
+            models_info.append(info)
+            for runtime, fn, names, vocab in targets:
+                for length in cfg.seq_lens:
+                    fl = flops_of(src, length)
+                    for batch in cfg.batch_sizes:
+                        feeds = _inputs(names, vocab, batch, length)
+                        if runtime == "torch":
+                            feeds = {k: v.to(device) for k, v in feeds.items()}
+                        stats = measure_latency(lambda fn=fn, feeds=feeds: fn(**feeds), cfg.warmup,
+                                                cfg.iterations, device=device if runtime == "torch" else None)
+                        mean_s = stats["mean_ms"] / 1000.0
+                        row = {"model": label, "runtime": runtime, "batch": batch, "seq_len": length,
+                               **stats, "throughput": batch / mean_s,
+                               "flops_per_example": fl,
+                               "achieved_gflops": fl * batch / mean_s / 1e9 if fl else None}
+                        rows.append(row)
+                        run.log_metrics(row)
+        _add_ratios(rows)
+        result = {"provider": provider, "device": device, "threads": threads, "matmul_peak": peak,
+                  "vnni": vnni, "models": models_info, "rows": rows,
+                  "baseline": f"{rows[0]['model']} ({rows[0]['runtime']})" if rows else None}
+        write_json(run.path / "bench.json", result)
+        (run.path / "bench.txt").write_text(format_bench(result) + "\n", encoding="utf-8")
+    result["run_dir"] = str(run.path)
+    return result
+
+
+def _validate_model_path(path: str) -> None:
+    from compress.errors import ModelError
+    from compress.export.onnx import is_onnx_file
+    from compress.models import resolve_model
+
+    p = Path(path)
+    if is_onnx_file(path):
+        if not p.is_file():
+            raise ModelError(f"ONNX file not found: {path}")
+        return
+    if p.is_dir() and ((p / "student.json").is_file() or (p / "student" / "student.json").is_file()):
+        return
+    resolve_model(path)
+    if p.is_file():
+        raise ModelError(f"{path} is a file, not a model; pass a model folder or an .onnx file")
+
+
+def _is_structured(src: str | None) -> bool:
+    """Whether the PyTorch source of an ONNX file is a structured-pruned BERT (per-layer sizes)."""
+    from compress.errors import ModelError
+    from compress.models import resolve_model
+
+    if src is None:
+        return False
+    try:
+        cfg = Path(resolve_model(src)) / "config.json"
+        return cfg.is_file() and "layer_heads" in json.loads(cfg.read_text(encoding="utf-8"))
+    except (ModelError, OSError, ValueError):
+        return False
+
+
+def _onnx_vocab(path: str) -> int:
+    """Token-id range of an ONNX model: the smallest table its ids are gathered from (the word
+    embeddings of BERT, a student's embedding or vocabulary-sized buffer)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    sizes = [int(inits[n.input[0]].dims[0]) for n in model.graph.node
+             if n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].dims
+             and int(inits[n.input[0]].dims[0]) >= 100]
+    return min(sizes) if sizes else 30522
+
+
+def _encoder_sparsity(model: torch.nn.Module) -> float:
+    from compress.measure.params import count_params
+
+    return count_params(model)["encoder_sparsity"]
+
+
+def _torch_callable(loaded):
+    from compress.export.onnx import torch_logits
+
+    def call(**feeds):
+        return torch_logits(loaded, feeds)
+
+    return call
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Throughput ratio to the baseline (first model, first runtime) at the same batch x length."""
+    if not rows:
+        return
+    first = (rows[0]["model"], rows[0]["runtime"])
+    base = {(r["batch"], r["seq_len"]): r["throughput"] for r in rows if (r["model"], r["runtime"]) == first}
+    for r in rows:
+        b = base.get((r["batch"], r["seq_len"]))
+        r["vs_baseline"] = r["throughput"] / b if b else None
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    peak = result["matmul_peak"]
+    lines = [f"dense fp32 matmul peak: {peak['gflops']:.1f} GFLOP/s ({peak['n']}^3 on {peak['device']}, "
+             f"{peak['threads']} threads); provider {result['provider']}; baseline = {result['baseline']}",
+             f"{'model':<28} {'runtime':<7} {'batch':>5} {'len':>5} {'mean ms':>9} {'median':>9} "
+             f"{'p90':>9} {'ex/s':>9} {'x base':>7} {'GFLOP/s':>8} {'% peak':>7}"]
+    for r in result["rows"]:
+        g = r["achieved_gflops"]
+        gtxt = f"{g:8.1f}" if g is not None else f"{'-':>8}"
+        ptxt = f"{100 * g / peak['gflops']:6.1f}%" if g is not None else f"{'-':>7}"
+        ratio = f"{r['vs_baseline']:6.2f}x" if r["vs_baseline"] is not None else f"{'-':>7}"
+        lines.append(f"{r['model'][:28]:<28} {r['runtime']:<7} {r['batch']:>5} {r['seq_len']:>5} "
+                     f"{r['mean_ms']:9.2f} {r['median_ms']:9.2f} {r['p90_ms']:9.2f} {r['throughput']:9.1f} "
+                     f"{ratio} {gtxt} {ptxt}")
+    lines.append("will it be faster?")
+    for m in result["models"]:
+        v = m["verdict"]
+        lines.append(f"  {m['label']}: {v['faster']} ({v['runtime']}): " + "; ".join(v["reasons"]))
+    return "\n".join(lines)
