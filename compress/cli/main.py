@@ -22,6 +22,9 @@ COMMANDS: dict[str, str] = {
     "prune": "compress.cli.prune",
     "verify": "compress.cli.verify",
     "distill": "compress.cli.distill",
+    "sweep": "compress.cli.sweep",
+    "report": "compress.cli.report",
+    "run": "compress.cli.run",
 }
 
 

@@ -1,0 +1,41 @@
+from compress.cli.common import add_config_args, config_from_args
+from compress.sweep import VARIANTS, SweepConfig, run_sweep
+
+HELP = "run a grid of prune/fine-tune cells (sparsities x variants x tasks x learning rates), resumably"
+EXAMPLES = """examples:
+  compress sweep --sparsities 0,0.2,0.4 --tasks sst2 --variants magnitude,random \\
+      --data-dir ../shared/data --train-limit 2000 --max-steps 100 --out artifacts/sweep/sst2
+  compress sweep --sparsities 0:0.9:0.1 --tasks sst2,rte --lrs 2e-5,5e-5 --jobs 2 \\
+      --pretrain-corpus ../shared/data/wikitext2 --pretrain-steps 200 --out artifacts/sweep/gordon
+re-run the same command to resume: finished cells are kept, killed ones redone.
+then: compress report SWEEP
+"""
+HELPS = {
+    "sparsities": "numbers and START:STOP:STEP ranges (STOP included), e.g. 0,0.2 or 0:0.9:0.1",
+    "tasks": "comma-separated task names", "lrs": "fine-tuning learning rates (best one is reported)",
+    "variants": "comma-separated, from: " + ", ".join(VARIANTS),
+    "pretrain_corpus": "prune during masked-LM pre-training on this text first (file(s) or folder)",
+    "pretrain_steps": "optimizer steps of each pre-training cell",
+    "jobs": "cells run at once (each gets cores/jobs threads)",
+    "out": "sweep folder; re-run with the same --out to resume",
+    "runner": "command prefix that runs one cell (default: this Python's 'python -m compress')",
+    "max_steps": "fine-tuning steps per cell (default: --epochs over the data)",
+}
+
+
+def add_arguments(parser):
+    add_config_args(parser, SweepConfig, HELPS)
+
+
+def run(args):
+    cfg = config_from_args(SweepConfig, args)
+    try:
+        path = run_sweep(cfg)
+    except KeyboardInterrupt:
+        import sys
+
+        print("compress sweep: interrupted; re-run the same command (same --out) to resume: "
+              "finished cells are kept, the interrupted ones are redone", file=sys.stderr)
+        return 130
+    print(f"sweep folder: {path}\nthen: compress report {path}")
+    return 0

@@ -1,0 +1,492 @@
+"""Sparsity sweeps: a grid of cells, each one run of the real CLI in its own process.
+
+A sweep folder holds ``sweep.json`` (the resolved options and the plan) and one run folder per
+cell. Run folders are written as ``.tmp-<name>`` and renamed when complete, so a cell is finished
+if and only if ``<sweep>/<cell>/summary.json`` exists. Re-running the same sweep skips finished
+cells and redoes any cell that was killed (its ``.tmp-*`` folder is removed first). ``--jobs N``
+runs up to N ready cells at once; a cell waits for the cells it depends on (a fine-tuning cell
+waits for the pre-training cell whose pruned model it starts from).
+
+The grid (Gordon et al. 2020, "Compressing BERT"): for every sparsity and variant, either
+
+* with ``--pretrain-corpus``: prune during continued masked-LM pre-training (one cell per
+  sparsity and criterion), then fine-tune that model on every task at every learning rate, or
+* without it: prune while fine-tuning on every task (``compress prune --stage finetune``).
+
+Variants (``VARIANTS``): ``magnitude`` and ``random`` (the criterion), ``information-deletion``
+(the magnitude-pruned pre-trained model fine-tuned with its zeros free to regrow) and
+``after-finetune`` (fine-tune dense, then prune and recover on the task). At sparsity 0 every
+variant is the same dense model, so the grid holds one shared dense cell per task and rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compress.config import check_range, to_dict
+from compress.errors import DataError, UsageError
+from compress.runs import artifacts_root, write_json
+from compress.security import resolve_out
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How one variant's cells are built: pruning criterion and where pruning happens."""
+
+    criterion: str
+    description: str
+    finetune_flags: tuple[str, ...] = ()
+    after_finetune: bool = False
+    needs_pretrain: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    "magnitude": Variant("magnitude", "prune the smallest |w| (Gordon et al. 2020)"),
+    "random": Variant("random", "prune weights chosen at random (the paper's control)"),
+    "information-deletion": Variant(
+        "magnitude", "magnitude-pruned pre-trained model, fine-tuned with its zeros free to regrow",
+        finetune_flags=("--information-deletion",), needs_pretrain=True),
+    "after-finetune": Variant("magnitude", "fine-tune dense, then prune and recover on the task",
+                              after_finetune=True),
+}
+
+
+def get_variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise UsageError(f"unknown variant '{name}'; choose from: {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def _number(text: str, item: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--sparsities: '{item}' is not a number or a START:STOP:STEP range "
+                         "(e.g. 0,0.2,0.4 or 0:0.9:0.1)") from None
+    if not math.isfinite(value):
+        raise UsageError(f"--sparsities: '{item}' is not a finite number")
+    return value
+
+
+def parse_sparsities(items: tuple[str, ...] | list[str] | str) -> tuple[float, ...]:
+    """Sparsities from a list of numbers and ``START:STOP:STEP`` ranges (STOP included).
+
+    ``("0:0.9:0.1",)`` -> ``(0.0, 0.1, ..., 0.9)``; ``("0", "0.5", "0.2")`` -> ``(0.0, 0.2, 0.5)``.
+    Values are rounded to 6 decimals, de-duplicated and sorted; each must lie in [0, 1).
+    """
+    if isinstance(items, str):
+        items = [p for p in items.split(",")]
+    values: set[float] = set()
+    for raw in items:
+        item = str(raw).strip()
+        if not item:
+            continue
+        if ":" in item:
+            parts = item.split(":")
+            if len(parts) != 3:
+                raise UsageError(f"--sparsities: range '{item}' must be START:STOP:STEP, e.g. 0:0.9:0.1")
+            start, stop, step = (_number(p, item) for p in parts)
+            if step <= 0:
+                raise UsageError(f"--sparsities: range '{item}' needs a positive STEP, got {step}")
+            if stop < start:
+                raise UsageError(f"--sparsities: range '{item}' has STOP < START")
+            n = int(math.floor((stop - start) / step + 1e-9)) + 1
+            values.update(round(start + i * step, 6) for i in range(n))
+        else:
+            values.add(round(_number(item, item), 6))
+    if not values:
+        raise UsageError("--sparsities is empty; pass e.g. 0,0.2,0.4 or 0:0.9:0.1")
+    for v in values:
+        if not 0 <= v < 1:
+            raise UsageError(f"--sparsities: {v} is outside [0, 1); a sparsity is the fraction of "
+                             "weights set to zero")
+    return tuple(sorted(values))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    sparsities: tuple[str, ...] = ("0", "0.2", "0.4", "0.6", "0.8")
+    tasks: tuple[str, ...] = ("sst2",)
+    variants: tuple[str, ...] = ("magnitude", "random")
+    lrs: tuple[float, ...] = (5e-5,)
+    model: str = "minilm"
+    data_dir: str | None = None
+    train_limit: int | None = None
+    eval_limit: int | None = None
+    max_steps: int | None = None
+    epochs: float = 1.0
+    batch_size: int = 32
+    max_length: int = 128
+    seed: int = 42
+    schedule: str = "gradual"
+    pretrain_corpus: tuple[str, ...] = ()
+    pretrain_steps: int = 100
+    pretrain_lr: float = 5e-5
+    pretrain_batch_size: int = 16
+    pretrain_max_length: int = 128
+    pretrain_heldout_blocks: int = 256
+    jobs: int = 1
+    out: str | None = None
+    runner: str | None = None
+
+    def __post_init__(self):
+        parse_sparsities(self.sparsities)
+        if not self.tasks:
+            raise UsageError("--tasks is empty; pass e.g. sst2,rte")
+        if not self.variants:
+            raise UsageError(f"--variants is empty; choose from: {', '.join(VARIANTS)}")
+        if not self.lrs:
+            raise UsageError("--lrs is empty; pass e.g. 5e-5 or 2e-5,5e-5")
+        for name in self.variants:
+            v = get_variant(name)
+            if v.needs_pretrain and not self.pretrain_corpus:
+                raise UsageError(f"variant '{name}' fine-tunes a model pruned during pre-training; "
+                                 "pass --pretrain-corpus (e.g. ../shared/data/wikitext2)")
+        for lr in self.lrs:
+            check_range("lrs", lr, 0, None, lo_open=True)
+        check_range("pretrain_lr", self.pretrain_lr, 0, None, lo_open=True)
+        for name in ("jobs", "pretrain_steps", "pretrain_batch_size", "batch_size",
+                     "pretrain_heldout_blocks"):
+            check_range(name, getattr(self, name), 1)
+        for name in ("train_limit", "eval_limit", "max_steps"):
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name), 1)
+        check_range("epochs", self.epochs, 0, None, lo_open=True)
+        check_range("max_length", self.max_length, 8, 512)
+        check_range("pretrain_max_length", self.pretrain_max_length, 8, 512)
+        if self.schedule not in ("oneshot", "gradual"):
+            raise UsageError(f"unknown schedule '{self.schedule}'; choose one of: oneshot, gradual")
+        if self.runner is not None and not shlex.split(self.runner):
+            raise UsageError("--runner is empty; leave it unset to run cells with this compress")
+
+    @property
+    def sparsity_values(self) -> tuple[float, ...]:
+        return parse_sparsities(self.sparsities)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the CLI: ``argv`` after the runner prefix; ``deps`` are cell names."""
+
+    name: str
+    kind: str  # "pretrain" | "downstream"
+    argv: tuple[str, ...]
+    deps: tuple[str, ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def percent(s: float) -> str:
+    """``0.4`` -> ``'40'``, ``0.125`` -> ``'12.5'``: sparsity in a cell name."""
+    return f"{100 * s:.4g}"
+
+
+def lr_tag(lr: float) -> str:
+    return f"{lr:g}"
+
+
+def _abs(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _train_flags(cfg: SweepConfig, task: str, lr: float) -> list[str]:
+    flags = ["--task", task, "--lr", repr(lr), "--epochs", repr(cfg.epochs),
+             "--batch-size", str(cfg.batch_size), "--max-length", str(cfg.max_length),
+             "--seed", str(cfg.seed)]
+    if cfg.data_dir:
+        flags += ["--data-dir", _abs(cfg.data_dir)]
+    for name in ("train_limit", "eval_limit", "max_steps"):
+        value = getattr(cfg, name)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+def _model_arg(model: str) -> str:
+    p = Path(model).expanduser()
+    return str(p.resolve()) if p.exists() else model
+
+
+def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
+    """The cells of the grid, dependencies before dependants (pure: nothing is run or written)."""
+    cells: dict[str, Cell] = {}
+    model = _model_arg(cfg.model)
+    pretrain = bool(cfg.pretrain_corpus)
+
+    def add(cell: Cell) -> None:
+        if cell.name in cells:  # a shared cell (e.g. the dense model) serves several variants
+            old = cells[cell.name]
+            served = sorted(set(old.info.get("variants", [])) | set(cell.info.get("variants", [])))
+            cells[cell.name] = Cell(old.name, old.kind, old.argv, old.deps, {**old.info, "variants": served})
+        else:
+            cells[cell.name] = cell
+
+    def pretrain_cell(s: float, criterion: str) -> str:
+        name = "pt-dense" if s == 0 else f"pt-{criterion}-s{percent(s)}"
+        argv = ["prune", "--stage", "pretrain", "--sparsity", repr(s), "--criterion", criterion,
+                "--schedule", cfg.schedule, "--corpus", ",".join(_abs(c) for c in cfg.pretrain_corpus),
+                "--max-steps", str(cfg.pretrain_steps), "--lr", repr(cfg.pretrain_lr),
+                "--batch-size", str(cfg.pretrain_batch_size), "--max-length", str(cfg.pretrain_max_length),
+                "--heldout-blocks", str(cfg.pretrain_heldout_blocks), "--no-dense-baseline",
+                "--seed", str(cfg.seed), "--model", model, "--out", str(sweep_dir / name)]
+        info = {"sparsity": s, "criterion": "none" if s == 0 else criterion}
+        add(Cell(name, "pretrain", tuple(argv), (), info))
+        return name
+
+    for s in cfg.sparsity_values:
+        for vname in cfg.variants:
+            v = VARIANTS[vname]
+            for task in cfg.tasks:
+                for lr in cfg.lrs:
+                    info = {"task": task, "sparsity": s, "lr": lr, "variants": [vname]}
+                    tag = f"{task}-{{}}-s{percent(s)}-lr{lr_tag(lr)}"
+                    flags = _train_flags(cfg, task, lr)
+                    if s == 0:
+                        # every variant at sparsity 0 is the dense model: one shared cell
+                        name = f"ft-{task}-dense-lr{lr_tag(lr)}"
+                        if pretrain:
+                            dep = pretrain_cell(0.0, v.criterion)
+                            argv = ["finetune", "--model", str(sweep_dir / dep), *flags]
+                            deps: tuple[str, ...] = (dep,)
+                        else:
+                            argv, deps = ["finetune", "--model", model, *flags], ()
+                        add(Cell(name, "downstream", (*argv, "--out", str(sweep_dir / name)), deps, info))
+                    elif v.after_finetune or not pretrain:
+                        # after-finetune starts from the same (continued pre-trained) dense model
+                        # as the sparsity-0 cell, so the two are comparable
+                        stage = "after-finetune" if v.after_finetune else "finetune"
+                        name = "ft-" + tag.format(vname)
+                        deps = (pretrain_cell(0.0, v.criterion),) if pretrain else ()
+                        start = str(sweep_dir / deps[0]) if deps else model
+                        argv = ["prune", "--stage", stage, "--sparsity", repr(s), "--criterion",
+                                v.criterion, "--schedule", cfg.schedule, "--model", start, *flags,
+                                "--out", str(sweep_dir / name)]
+                        add(Cell(name, "downstream", tuple(argv), deps, info))
+                    else:
+                        dep = pretrain_cell(s, v.criterion)
+                        name = "ft-" + tag.format(vname)
+                        argv = ["finetune", "--model", str(sweep_dir / dep), *flags, *v.finetune_flags,
+                                "--out", str(sweep_dir / name)]
+                        add(Cell(name, "downstream", tuple(argv), (dep,), info))
+    ordered = [c for c in cells.values() if c.kind == "pretrain"]
+    ordered += [c for c in cells.values() if c.kind != "pretrain"]
+    return ordered
+
+
+def validate_inputs(cfg: SweepConfig) -> None:
+    """Check names and paths before anything is written or run."""
+    from compress.tasks import get_task
+
+    for task in cfg.tasks:
+        get_task(task)
+    if cfg.data_dir is not None and not Path(cfg.data_dir).expanduser().is_dir():
+        raise DataError(f"--data-dir {cfg.data_dir} is not a folder; pass the folder holding the "
+                        "task files (e.g. ../shared/data)")
+    for c in cfg.pretrain_corpus:
+        if not Path(c).expanduser().exists():
+            raise DataError(f"--pretrain-corpus {c} does not exist; pass a text file or a folder of "
+                            ".txt/.raw/.tokens files (e.g. ../shared/data/wikitext2)")
+    if cfg.runner is None:
+        from compress.models import resolve_model
+
+        resolve_model(cfg.model)
+
+
+def is_finished(sweep_dir: Path, name: str) -> bool:
+    """A cell is finished iff its run folder exists with ``summary.json``."""
+    return (sweep_dir / name / "summary.json").is_file()
+
+
+def clean_unfinished(sweep_dir: Path, name: str) -> None:
+    """Remove what a killed cell left behind (``.tmp-<name>``, or a folder without summary.json)."""
+    for p in (sweep_dir / f".tmp-{name}", sweep_dir / name):
+        if p.exists() and not is_finished(sweep_dir, name):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+# Options that do not change what a cell computes: a re-run may change them.
+_RESUMABLE = {"jobs", "runner", "out"}
+
+
+def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg_dict.items() if k not in _RESUMABLE}
+
+
+class _Lock:
+    """``<sweep>/.lock`` holding the pid: two sweeps must not run the same cells at once."""
+
+    def __init__(self, sweep_dir: Path):
+        self.path = sweep_dir / ".lock"
+
+    def __enter__(self):
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(self.path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                raise UsageError(f"another sweep (pid {pid}) is running in {self.path.parent}; wait "
+                                 "for it or stop it first") from None
+            self.path.unlink(missing_ok=True)  # left by a killed sweep
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _runner_prefix(cfg: SweepConfig) -> list[str]:
+    return shlex.split(cfg.runner) if cfg.runner else [sys.executable, "-m", "compress"]
+
+
+def _cell_env(jobs: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if jobs > 1:  # N cells share the cores: one thread pool each, not N oversubscribed ones
+        threads = str(max(1, (os.cpu_count() or 1) // jobs))
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, threads)
+    env.setdefault("COMPRESS_NO_PROGRESS", "1")
+    return env
+
+
+def run_sweep(cfg: SweepConfig, log=print) -> Path:
+    """Run (or resume) the sweep; returns its folder. Raises CompressError if a cell failed."""
+    validate_inputs(cfg)
+    if cfg.out is not None:
+        sweep_dir = resolve_out(cfg.out)
+    else:
+        sweep_dir = (artifacts_root() / "sweep" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    plan = build_plan(cfg, sweep_dir)
+    cfg_dict = to_dict(cfg)
+    state_path = sweep_dir / "sweep.json"
+    if sweep_dir.exists():
+        if not state_path.is_file():
+            if any(sweep_dir.iterdir()):
+                raise UsageError(f"{sweep_dir} exists and is not a sweep folder (no sweep.json); "
+                                 "choose a new --out")
+        else:
+            old = json.loads(state_path.read_text(encoding="utf-8"))
+            diff = sorted(k for k in set(_comparable(old.get("config", {}))) | set(_comparable(cfg_dict))
+                          if old.get("config", {}).get(k) != cfg_dict.get(k))
+            if diff:
+                shown = ", ".join(f"{k}: {old['config'].get(k)!r} -> {cfg_dict.get(k)!r}" for k in diff)
+                raise UsageError(f"{sweep_dir} holds a sweep with other options ({shown}); re-run "
+                                 "with the same options to resume it, or choose a new --out")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with _Lock(sweep_dir):
+        return _execute(cfg, cfg_dict, plan, sweep_dir, log)
+
+
+def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
+    state_path = sweep_dir / "sweep.json"
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    status: dict[str, dict[str, Any]] = {}
+    for c in plan:
+        done = is_finished(sweep_dir, c.name)
+        status[c.name] = {"status": "finished" if done else "pending", "skipped": done}
+
+    def save() -> None:
+        write_json(state_path, {
+            "config": cfg_dict, "sparsities": list(cfg.sparsity_values),
+            "runner": _runner_prefix(cfg),
+            "cells": [{"name": c.name, "kind": c.kind, "deps": list(c.deps), **c.info,
+                       "argv": list(c.argv), **status[c.name]} for c in plan]})
+
+    save()
+    prefix = _runner_prefix(cfg)
+    env = _cell_env(cfg.jobs)
+    pending = [c for c in plan if status[c.name]["status"] != "finished"]
+    n_skip = len(plan) - len(pending)
+    log(f"sweep {sweep_dir}: {len(plan)} cells, {n_skip} finished already, {len(pending)} to run "
+        f"({cfg.jobs} at a time)")
+    running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
+    try:
+        while pending or running:
+            for c in list(pending):
+                if len(running) >= cfg.jobs:
+                    break
+                dep_state = [status[d]["status"] for d in c.deps]
+                if any(s in ("failed", "blocked") for s in dep_state):
+                    pending.remove(c)
+                    status[c.name].update(status="blocked",
+                                          reason=f"needs failed cell(s) {', '.join(c.deps)}")
+                    save()
+                    continue
+                if all(is_finished(sweep_dir, d) for d in c.deps):
+                    pending.remove(c)
+                    clean_unfinished(sweep_dir, c.name)
+                    fh = open(sweep_dir / "logs" / f"{c.name}.log", "w", encoding="utf-8")
+                    proc = subprocess.Popen([*prefix, *c.argv], stdout=fh, stderr=subprocess.STDOUT,
+                                            env=env)
+                    running[c.name] = (proc, time.time(), fh)
+                    status[c.name].update(status="running", pid=proc.pid)
+                    save()
+                    log(f"  start {c.name}")
+            if not running:
+                if pending:  # cannot happen with a topologically ordered plan; never spin
+                    raise UsageError(f"cells wait on unknown dependencies: {[c.name for c in pending]}")
+                break
+            time.sleep(0.2)
+            for name, (proc, t0, fh) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                fh.close()
+                del running[name]
+                secs = round(time.time() - t0, 1)
+                if rc == 0 and is_finished(sweep_dir, name):
+                    status[name].update(status="finished", returncode=rc, seconds=secs)
+                    log(f"  done  {name} ({secs:.0f}s)")
+                else:
+                    why = f"exit code {rc}" if rc != 0 else "exit code 0 but no summary.json"
+                    status[name].update(status="failed", returncode=rc, seconds=secs, reason=why)
+                    log(f"  FAILED {name} ({why}; see {sweep_dir / 'logs' / (name + '.log')})")
+                status[name].pop("pid", None)
+                save()
+    except BaseException:
+        # Ctrl-C or a crash of the sweep itself: stop the cells it started (their .tmp folders are
+        # removed by the next run) and record where things stood.
+        for proc, _, _ in running.values():
+            proc.terminate()
+        for name, (proc, _, fh) in running.items():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            fh.close()
+            status[name].update(status="interrupted")
+            status[name].pop("pid", None)
+        save()
+        raise
+    bad = [n for n, s in status.items() if s["status"] in ("failed", "blocked")]
+    if bad:
+        from compress.errors import CompressError
+
+        raise CompressError(f"{len(bad)} of {len(plan)} cells did not finish ({', '.join(bad[:5])}"
+                            f"{', ...' if len(bad) > 5 else ''}); see {sweep_dir / 'logs'}, fix the "
+                            "cause and re-run the same command (finished cells are kept)")
+    return sweep_dir

@@ -1,0 +1,231 @@
+"""Grid parsing and resume semantics of compress.sweep, with a fake cell runner (no training).
+
+The fake runner is a small Python script given as ``--runner``: it reads ``--out`` from the cell's
+arguments, counts its starts in ``<sweep>/counts/<cell>``, optionally sleeps (to be killed), and
+writes the run folder the way ``RunDir`` does: ``.tmp-<name>`` first, renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from compress.errors import CompressError, UsageError
+from compress.sweep import SweepConfig, build_plan, parse_sparsities, run_sweep
+from tests.conftest import run_cli
+
+FAKE = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    argv = sys.argv[1:]
+    out = Path(argv[argv.index("--out") + 1])
+    name = out.name
+    counts = out.parent / "counts"
+    counts.mkdir(exist_ok=True)
+    with open(counts / name, "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    tmp = out.parent / (".tmp-" + name)
+    tmp.mkdir()
+    (tmp / "started").write_text("x")
+    if os.environ.get("FAKE_SLOW") and name.startswith(os.environ["FAKE_SLOW"]):
+        time.sleep(float(os.environ.get("FAKE_SLEEP", "60")))
+    if os.environ.get("FAKE_FAIL") == name:
+        sys.exit(3)
+    s = float(argv[argv.index("--sparsity") + 1]) if "--sparsity" in argv else 0.0
+    summary = {"eval": {"score": 0.9 - s / 2}, "metric": "accuracy"}
+    if "pretrain" in argv:
+        summary = {"mlm_loss": {"pruned_after": 2.0 + s}}
+    (tmp / "summary.json").write_text(json.dumps(summary))
+    os.replace(tmp, out)
+""")
+
+
+@pytest.fixture
+def fake_runner(tmp_path) -> str:
+    script = tmp_path / "fake_cell.py"
+    script.write_text(FAKE)
+    return f"{sys.executable} {script}"
+
+
+def test_parse_sparsities_ranges_and_lists():
+    assert parse_sparsities(("0:0.9:0.1",)) == tuple(round(0.1 * i, 6) for i in range(10))
+    assert parse_sparsities(("0.4", "0", "0.2", "0.2")) == (0.0, 0.2, 0.4)
+    assert parse_sparsities("0:0.4:0.2,0.9") == (0.0, 0.2, 0.4, 0.9)
+    assert parse_sparsities(("0.1:0.35:0.1",)) == (0.1, 0.2, 0.3)  # STOP not on the grid
+
+
+@pytest.mark.parametrize("bad, words", [
+    (("1.0",), "outside [0, 1)"), (("abc",), "'abc' is not a number"),
+    (("0:0.5",), "START:STOP:STEP"), (("0:0.5:0",), "positive STEP"),
+    (("0.5:0.1:0.1",), "STOP < START"), ((),  "empty"), (("nan",), "finite"),
+])
+def test_parse_sparsities_errors_name_the_value(bad, words):
+    with pytest.raises(UsageError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        parse_sparsities(bad)
+
+
+def test_config_rejects_unknown_variant_and_id_without_corpus():
+    with pytest.raises(UsageError, match="unknown variant 'magnitud'.*magnitude, random"):
+        SweepConfig(variants=("magnitud",))
+    with pytest.raises(UsageError, match="--pretrain-corpus"):
+        SweepConfig(variants=("information-deletion",))
+    with pytest.raises(UsageError, match="--jobs"):
+        SweepConfig(jobs=0)
+
+
+def test_plan_shares_dense_cell_and_orders_dependencies(tmp_path):
+    cfg = SweepConfig(sparsities=("0", "0.5"), tasks=("sst2", "rte"), variants=("magnitude", "random"),
+                      lrs=(1e-5, 2e-5), pretrain_corpus=("corpus.txt",))
+    plan = build_plan(cfg, tmp_path)
+    names = [c.name for c in plan]
+    assert len(names) == len(set(names))
+    # pre-training: dense + 2 criteria at 50%; downstream: per task and lr, 1 dense + 2 variants
+    assert sum(c.kind == "pretrain" for c in plan) == 3
+    assert sum(c.kind == "downstream" for c in plan) == 2 * 2 * 3
+    dense = next(c for c in plan if c.name == "ft-sst2-dense-lr1e-05")
+    assert dense.info["variants"] == ["magnitude", "random"] and dense.deps == ("pt-dense",)
+    rnd = next(c for c in plan if c.name == "ft-rte-random-s50-lr2e-05")
+    assert rnd.deps == ("pt-random-s50",)
+    assert "--model" in rnd.argv and str(tmp_path / "pt-random-s50") in rnd.argv
+    pos = {n: i for i, n in enumerate(names)}
+    assert all(pos[d] < pos[c.name] for c in plan for d in c.deps)
+    # without a corpus, magnitude/random prune while fine-tuning and have no dependencies
+    plain = build_plan(SweepConfig(sparsities=("0", "0.5"), tasks=("sst2",)), tmp_path)
+    assert [c.argv[:3] for c in plain if "s50" in c.name] == [("prune", "--stage", "finetune")] * 2
+    assert all(not c.deps for c in plain)
+
+
+def _counts(sweep: Path) -> dict[str, int]:
+    return {p.name: len(p.read_text().split()) for p in (sweep / "counts").iterdir()}
+
+
+def _cfg(sweep: Path, runner: str, **kw) -> SweepConfig:
+    base = dict(sparsities=("0", "0.3", "0.6"), tasks=("sst2",), variants=("magnitude", "random"),
+                pretrain_corpus=(str(sweep.parent),), out=str(sweep), runner=runner)
+    return SweepConfig(**{**base, **kw})
+
+
+def test_sweep_runs_every_cell_once_and_rerun_skips_all(tmp_path, fake_runner):
+    sweep = tmp_path / "sw"
+    cfg = _cfg(sweep, fake_runner, jobs=2)
+    run_sweep(cfg, log=lambda *_: None)
+    plan = build_plan(cfg, sweep)
+    assert set(_counts(sweep)) == {c.name for c in plan}
+    assert set(_counts(sweep).values()) == {1}
+    state = json.loads((sweep / "sweep.json").read_text())
+    assert {c["status"] for c in state["cells"]} == {"finished"}
+    mtimes = {c.name: (sweep / c.name / "summary.json").stat().st_mtime_ns for c in plan}
+    run_sweep(cfg, log=lambda *_: None)
+    assert set(_counts(sweep).values()) == {1}  # nothing ran again
+    assert mtimes == {c.name: (sweep / c.name / "summary.json").stat().st_mtime_ns for c in plan}
+    assert all(c["skipped"] for c in json.loads((sweep / "sweep.json").read_text())["cells"])
+
+
+def test_rerun_with_other_options_is_refused(tmp_path, fake_runner):
+    sweep = tmp_path / "sw"
+    run_sweep(_cfg(sweep, fake_runner, sparsities=("0",)), log=lambda *_: None)
+    with pytest.raises(UsageError, match="other options.*sparsities"):
+        run_sweep(_cfg(sweep, fake_runner, sparsities=("0", "0.5")), log=lambda *_: None)
+    # jobs and runner may change between runs
+    run_sweep(_cfg(sweep, fake_runner, sparsities=("0",), jobs=3), log=lambda *_: None)
+
+
+def test_failed_cell_blocks_dependants_and_is_redone(tmp_path, fake_runner, monkeypatch):
+    sweep = tmp_path / "sw"
+    cfg = _cfg(sweep, fake_runner)
+    monkeypatch.setenv("FAKE_FAIL", "pt-random-s30")
+    with pytest.raises(CompressError, match="2 of .* cells did not finish.*pt-random-s30"):
+        run_sweep(cfg, log=lambda *_: None)
+    state = {c["name"]: c for c in json.loads((sweep / "sweep.json").read_text())["cells"]}
+    assert state["pt-random-s30"]["status"] == "failed" and state["pt-random-s30"]["returncode"] == 3
+    assert state["ft-sst2-random-s30-lr5e-05"]["status"] == "blocked"
+    assert not (sweep / "counts" / "ft-sst2-random-s30-lr5e-05").exists()
+    assert (sweep / ".tmp-pt-random-s30").is_dir()  # what the failed cell left behind
+    monkeypatch.delenv("FAKE_FAIL")
+    before = _counts(sweep)
+    run_sweep(cfg, log=lambda *_: None)
+    after = _counts(sweep)
+    assert after["pt-random-s30"] == 2 and after["ft-sst2-random-s30-lr5e-05"] == 1
+    assert all(after[n] == 1 for n in before if n != "pt-random-s30")
+    assert not (sweep / ".tmp-pt-random-s30").exists()
+
+
+def _wait_for(pred, timeout=60.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+@pytest.mark.parametrize("kill", ["cell", "sweep"])
+def test_killed_mid_cell_then_rerun_redoes_only_that_cell(tmp_path, fake_runner, kill):
+    """SIGKILL the running cell (or the whole sweep with its cells), then re-run the same command."""
+    sweep = tmp_path / "sw"
+    slow = "ft-sst2-magnitude-s60"
+    args = ["sweep", "--sparsities", "0,0.3,0.6", "--tasks", "sst2", "--variants", "magnitude,random",
+            "--pretrain-corpus", str(tmp_path), "--out", str(sweep), "--runner", fake_runner]
+    env = {**os.environ, "FAKE_SLOW": slow, "FAKE_SLEEP": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "compress", *args], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        tmp_cell = next(iter([sweep / f".tmp-{slow}-lr5e-05"]))
+        _wait_for(lambda: (tmp_cell / "started").is_file())
+        pid = int((sweep / "counts" / tmp_cell.name[len(".tmp-"):]).read_text().split()[0])
+        finished_before = {p.name for p in sweep.iterdir() if (p / "summary.json").is_file()}
+        if kill == "cell":
+            os.kill(pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 1 and "did not finish" in err
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            assert (sweep / ".lock").is_file()  # a killed sweep cannot clean up
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert tmp_cell.is_dir() and not (sweep / tmp_cell.name[len(".tmp-"):]).exists()
+    counts = _counts(sweep)
+    mtimes = {n: (sweep / n / "summary.json").stat().st_mtime_ns for n in finished_before}
+    res = run_cli(*args)  # FAKE_SLOW unset: the redone cell finishes
+    assert res.returncode == 0, res.stderr
+    after = _counts(sweep)
+    name = tmp_cell.name[len(".tmp-"):]
+    assert after[name] == counts[name] + 1
+    for n in finished_before:  # finished cells were not redone
+        assert after[n] == counts[n] == 1
+        assert (sweep / n / "summary.json").stat().st_mtime_ns == mtimes[n]
+    assert all(v == 1 for n, v in after.items() if n != name)
+    assert not tmp_cell.exists() and (sweep / name / "summary.json").is_file()
+    state = json.loads((sweep / "sweep.json").read_text())
+    assert {c["status"] for c in state["cells"]} == {"finished"}
+    assert not (sweep / ".lock").exists()
+
+
+def test_cli_errors_are_one_line_and_leave_no_folder(tmp_path, fake_runner):
+    out = tmp_path / "sw"
+    res = run_cli("sweep", "--sparsities", "0,1.5", "--out", str(out))
+    assert res.returncode == 2 and "1.5 is outside [0, 1)" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = run_cli("sweep", "--tasks", "sst3", "--out", str(out), "--runner", fake_runner)
+    assert res.returncode == 2 and "sst3" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = run_cli("sweep", "--variants", "magnitude", "--pretrain-corpus", str(tmp_path / "nope"),
+                  "--out", str(out), "--runner", fake_runner)
+    assert res.returncode == 1 and "does not exist" in res.stderr
+    res = run_cli("sweep", "--data-dir", str(tmp_path / "nodata"), "--out", str(out))
+    assert res.returncode == 1 and "not a folder" in res.stderr
+    assert not out.exists()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    res = run_cli("sweep", "--out", str(tmp_path / "busy"), "--runner", fake_runner)
+    assert res.returncode == 2 and "not a sweep folder" in res.stderr
