@@ -1,0 +1,76 @@
+"""Knowledge-distillation losses (pure functions of logits).
+
+L = L_task + lambda * L_distill (Adhikari et al. 2020; Hinton et al. 2015):
+
+- single-label: L_task = cross-entropy with the gold label; L_distill = T^2 * KL(p_t || p_s) with
+  p = softmax(logits / T), averaged over the batch. The T^2 factor keeps the gradient scale of the
+  soft term independent of T (Hinton et al. 2015).
+- multi-label: L_task = binary cross-entropy per label; L_distill = T^2 * mean over examples and labels
+  of the Bernoulli KL(q_t || q_s) with q = sigmoid(logits / T).
+
+Examples without a gold label (augmented ones) have ``label_mask`` 0: they add to L_distill only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def kl_single_label(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """T^2 * mean_i KL(softmax(t_i / T) || softmax(s_i / T)); logits are (batch, labels)."""
+    t = temperature
+    log_p_s = F.log_softmax(student_logits / t, dim=-1)
+    log_p_t = F.log_softmax(teacher_logits / t, dim=-1)
+    kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
+    return kl.mean() * t * t
+
+
+def kl_bernoulli(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                 temperature: float = 1.0) -> torch.Tensor:
+    """T^2 * mean over examples and labels of KL(Bern(q_t) || Bern(q_s)), q = sigmoid(logit / T)."""
+    t = temperature
+    s, z = student_logits / t, teacher_logits / t
+    q_t = torch.sigmoid(z)
+    # log q = logsigmoid(x), log (1 - q) = logsigmoid(-x): stable for large |x|
+    kl = q_t * (F.logsigmoid(z) - F.logsigmoid(s)) + (1 - q_t) * (F.logsigmoid(-z) - F.logsigmoid(-s))
+    return kl.mean() * t * t
+
+
+def task_loss(student_logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
+              multilabel: bool) -> torch.Tensor:
+    """Cross-entropy (labels: int (batch,)) or BCE (labels: multi-hot (batch, labels)) averaged
+    over the examples whose ``label_mask`` is true; 0 when the batch has none."""
+    keep = label_mask.bool()
+    if not keep.any():
+        return student_logits.sum() * 0.0
+    s, y = student_logits[keep], labels[keep]
+    if multilabel:
+        return F.binary_cross_entropy_with_logits(s, y.float())
+    return F.cross_entropy(s, y.long())
+
+
+KD_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "kl": kl_single_label,
+    "bernoulli_kl": kl_bernoulli,
+}
+
+
+def kd_loss_name(multilabel: bool) -> str:
+    return "bernoulli_kl" if multilabel else "kl"
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None,
+                      labels: torch.Tensor, label_mask: torch.Tensor, multilabel: bool,
+                      temperature: float, kd_lambda: float) -> dict[str, torch.Tensor]:
+    """{"loss", "task", "distill"}: loss = task + kd_lambda * distill. With ``teacher_logits`` None
+    (the --no-kd baseline) distill is 0."""
+    task = task_loss(student_logits, labels, label_mask, multilabel)
+    if teacher_logits is None or kd_lambda == 0:
+        distill = student_logits.sum() * 0.0
+    else:
+        distill = KD_LOSSES[kd_loss_name(multilabel)](student_logits, teacher_logits, temperature)
+    return {"loss": task + kd_lambda * distill, "task": task, "distill": distill}

@@ -1,0 +1,155 @@
+"""The student training loop: Adam, shuffled batches with dynamic padding, KD loss, a checkpoint
+after every epoch. Small on purpose: students are cheap and train well with plain Adam.
+
+An example is a dict with ``input_ids`` (list of int), ``teacher`` (a logits row or None), and
+``label`` (int, a multi-hot list, or None for augmented examples).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compress.config import check_range
+from compress.distill.losses import distillation_loss
+
+
+@dataclass(frozen=True)
+class StudentTrainConfig:
+    lr: float = 1e-3
+    epochs: int = 10
+    batch_size: int = 64
+    weight_decay: float = 0.0
+    max_grad_norm: float = 5.0
+    seed: int = 42
+    temperature: float = 1.0
+    kd_lambda: float = 4.0
+    multilabel: bool = False
+
+    def __post_init__(self):
+        check_range("lr", self.lr, 0, None, lo_open=True)
+        check_range("epochs", self.epochs, 1)
+        check_range("batch_size", self.batch_size, 1)
+        check_range("temperature", self.temperature, 0, None, lo_open=True)
+        check_range("kd_lambda", self.kd_lambda, 0)
+
+
+def collate(rows: list[dict], pad_id: int, num_labels: int, multilabel: bool) -> dict[str, torch.Tensor]:
+    """Pad to the longest row; teacher logits/labels of rows that lack them are zero and masked."""
+    n, width = len(rows), max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, :len(r["input_ids"])] = 1
+    out = {"input_ids": ids, "attention_mask": mask}
+    has_teacher = all(r.get("teacher") is not None for r in rows)
+    if has_teacher:
+        out["teacher"] = torch.tensor(np.stack([r["teacher"] for r in rows]), dtype=torch.float32)
+    label_mask = torch.tensor([r.get("label") is not None for r in rows])
+    if multilabel:
+        labels = torch.tensor([r["label"] if r.get("label") is not None else [0.0] * num_labels
+                               for r in rows], dtype=torch.float32)
+    else:
+        labels = torch.tensor([r["label"] if r.get("label") is not None else 0 for r in rows])
+    out["labels"], out["label_mask"] = labels, label_mask
+    return out
+
+
+@torch.no_grad()
+def predict_student(model, sequences: list[list[int]], pad_id: int, batch_size: int = 256,
+                    device: torch.device | str = "cpu") -> np.ndarray:
+    """Logits (n, num_labels) in input order (length-sorted batches)."""
+    model.eval()
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out = None
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        b = collate([{"input_ids": sequences[i]} for i in idx], pad_id, 1, False)
+        logits = model(b["input_ids"].to(device), b["attention_mask"].to(device)).float().cpu().numpy()
+        if out is None:
+            out = np.zeros((len(sequences), logits.shape[1]), dtype=np.float32)
+        out[idx] = logits
+    return out
+
+
+def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: int,
+                  device: torch.device | str = "cpu", use_teacher: bool = True,
+                  log: Callable[[dict], None] | None = None,
+                  epoch_end: Callable[[int], dict] | None = None,
+                  checkpoint: Path | None = None) -> dict:
+    """Train ``model`` in place. ``epoch_end(epoch)`` may return metrics that are logged.
+    With ``checkpoint`` set, state is saved there after every epoch and a run resumes from it."""
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    model.to(device)
+    # Embedding tables with sparse gradients get SparseAdam (only the rows a batch uses are
+    # updated); everything else Adam. Gradient clipping applies to the dense parameters.
+    sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
+    dense = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in sparse)]
+    opts = [torch.optim.Adam(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)]
+    if sparse:
+        opts.append(torch.optim.SparseAdam(sparse, lr=cfg.lr))
+    num_labels = model.config.num_labels
+    start = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        for o, o_state in zip(opts, state["optimizers"]):
+            o.load_state_dict(o_state)
+        torch.set_rng_state(state["rng_torch"])
+        start = int(state["epoch"])
+    step, t0, last = 0, time.time(), float("nan")
+    quiet = os.environ.get("COMPRESS_NO_PROGRESS") == "1"
+    for epoch in range(start, cfg.epochs):
+        model.train()
+        g = torch.Generator().manual_seed(cfg.seed + epoch)
+        order = torch.randperm(len(examples), generator=g).tolist()
+        sums = {"loss": 0.0, "task": 0.0, "distill": 0.0}
+        batches = 0
+        for s in range(0, len(order), cfg.batch_size):
+            b = collate([examples[i] for i in order[s:s + cfg.batch_size]], pad_id, num_labels,
+                        cfg.multilabel)
+            b = {k: v.to(device) for k, v in b.items()}
+            logits = model(b["input_ids"], b["attention_mask"])
+            losses = distillation_loss(logits, b.get("teacher") if use_teacher else None, b["labels"],
+                                       b["label_mask"], cfg.multilabel, cfg.temperature,
+                                       cfg.kd_lambda if use_teacher else 0.0)
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            if cfg.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(dense, cfg.max_grad_norm)
+            for o in opts:
+                o.step()
+            step += 1
+            batches += 1
+            for k in sums:
+                sums[k] += float(losses[k].detach())
+        last = sums["loss"] / max(batches, 1)
+        record = {"epoch": epoch + 1, **{k: v / max(batches, 1) for k, v in sums.items()},
+                  "seconds": round(time.time() - t0, 1)}
+        if epoch_end is not None:
+            record["eval"] = epoch_end(epoch + 1)
+        if log:
+            log(record)
+        if not quiet:
+            ev = record.get("eval", {}).get("score")
+            print(f"  epoch {epoch + 1}/{cfg.epochs}: loss {last:.4f}"
+                  + (f", dev {ev:.4f}" if ev is not None else "") + f" ({record['seconds']}s)",
+                  flush=True)
+        if checkpoint is not None:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            tmp = checkpoint.with_name(checkpoint.name + ".tmp")
+            torch.save({"epoch": epoch + 1, "model": model.state_dict(),
+                        "optimizers": [o.state_dict() for o in opts],
+                        "rng_torch": torch.get_rng_state()}, tmp)
+            tmp.replace(checkpoint)
+    return {"steps": step, "epochs": cfg.epochs, "final_loss": last, "seconds": time.time() - t0}

@@ -1,0 +1,305 @@
+"""``compress distill``: teacher -> transfer set (+ augmentation) -> cached teacher logits ->
+student training -> evaluation -> report. Everything that can be checked is checked before the run
+folder exists, so bad input leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compress.config import check_range, to_dict
+from compress.distill.augment import AugmentConfig, augment_texts, require_nltk_data
+from compress.distill.embeddings import check_embedding_spec, initial_embeddings
+from compress.distill.losses import kd_loss_name
+from compress.distill.report import bert_flops_formula, format_table, measure_flops
+from compress.distill.teacher import (
+    CACHE_DIR,
+    cached_logits,
+    resolve_cache_source,
+    teacher_fingerprint,
+    teacher_predict,
+    transfer_key,
+)
+from compress.distill.train import StudentTrainConfig, predict_student, train_student
+from compress.errors import UsageError
+from compress.metrics import compute_metrics
+from compress.models import PACKAGED, load_classifier, load_tokenizer, resolve_model
+from compress.runs import RunDir
+from compress.tasks import DataOptions, data_dir_from_env
+from students.registry import build_student, get_student, parse_options, save_student, student_config
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    # what
+    student: str = "bilstm"
+    teacher: str = "minilm"
+    task: str = "sample"
+    student_options: tuple[str, ...] = ()
+    student_embeddings: str = "teacher"
+    # data
+    data_dir: str | None = None
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    train_limit: int | None = None
+    eval_limit: int | None = None
+    max_length: int = 128
+    augment: int = 0
+    # loss
+    temperature: float = 1.0
+    kd_lambda: float | None = None  # None: 4 single-label, 1 multi-label (Adhikari et al. 2020)
+    no_kd: bool = False
+    # student training
+    lr: float = 1e-3
+    epochs: int = 10
+    batch_size: int = 64
+    weight_decay: float = 0.0
+    max_grad_norm: float = 5.0
+    seed: int = 42
+    # teacher fine-tuning (when --teacher names a packaged encoder) and inference
+    teacher_epochs: float = 3.0
+    teacher_lr: float = 5e-5
+    teacher_batch_size: int = 32
+    teacher_eval_batch_size: int = 128
+    teacher_cache: str | None = None
+    # run folder
+    out: str | None = None
+    name: str | None = None
+    resume: bool = False
+
+    def __post_init__(self):
+        get_student(self.student)
+        check_range("temperature", self.temperature, 0, None, lo_open=True)
+        if self.kd_lambda is not None:
+            check_range("kd_lambda", self.kd_lambda, 0)
+        check_range("augment", self.augment, 0)
+        check_range("max_length", self.max_length, 8, 512)
+        check_range("epochs", self.epochs, 1)
+        check_range("lr", self.lr, 0, None, lo_open=True)
+        check_range("batch_size", self.batch_size, 1)
+        check_range("teacher_epochs", self.teacher_epochs, 0, None, lo_open=True)
+        for lim in ("train_limit", "eval_limit"):
+            v = getattr(self, lim)
+            if v is not None:
+                check_range(lim, v, 1)
+        if self.no_kd and self.augment:
+            raise UsageError("--augment needs teacher labels; it cannot be combined with --no-kd "
+                             "(augmented examples have no gold label)")
+
+    def data_options(self) -> DataOptions:
+        return DataOptions(data_dir_from_env(self.data_dir), self.text_column,
+                           self.text_pair_column, self.label_column)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _score(family: str, metric: str, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    m = compute_metrics(family, logits, labels)
+    m["score"] = m[metric]
+    return m
+
+
+def _gold(ds) -> np.ndarray:
+    if ds.multilabel:
+        y = np.zeros((len(ds), len(ds.label_names)), dtype=np.float32)
+        for i, labs in enumerate(ds.labels):
+            y[i, labs] = 1.0
+        return y
+    return np.asarray(ds.labels)
+
+
+def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
+    """Fine-tune the packaged encoder on the task into ``folder`` (a finetune run folder)."""
+    from compress.finetune import FinetuneConfig, run_finetune
+
+    if (folder / "model" / "compress.json").is_file():
+        return folder  # resumed run: the teacher is already there
+    ft = FinetuneConfig(task=cfg.task, model=cfg.teacher, data_dir=cfg.data_dir,
+                        text_column=cfg.text_column, text_pair_column=cfg.text_pair_column,
+                        label_column=cfg.label_column, train_limit=cfg.train_limit,
+                        eval_limit=cfg.eval_limit, epochs=cfg.teacher_epochs, lr=cfg.teacher_lr,
+                        batch_size=cfg.teacher_batch_size, max_length=cfg.max_length, seed=cfg.seed,
+                        out=str(folder))
+    return run_finetune(ft, command="distill-teacher")
+
+
+def run_distill(cfg: DistillConfig) -> Path:
+    """Distil a teacher into ``cfg.student`` on ``cfg.task``; returns the finished run folder."""
+    from compress.finetune import load_task_data
+
+    # ---- validate everything before the run folder exists -------------------------------------
+    entry = get_student(cfg.student)
+    options = parse_options(cfg.student_options)
+    check_embedding_spec(cfg.student_embeddings)
+    if cfg.augment:
+        require_nltk_data()
+    spec, data = load_task_data(cfg)
+    train_ds, eval_ds = data["train"], data["eval"]
+    labels, multilabel = train_ds.label_names, train_ds.multilabel
+    kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else (1.0 if multilabel else 4.0)
+    finetune_first = cfg.teacher in PACKAGED
+    if not finetune_first:
+        load_classifier(cfg.teacher, labels, multilabel, strict_labels=True)  # label set must match
+    tokenizer = load_tokenizer(cfg.teacher)
+    options.setdefault("num_labels", len(labels))
+    if entry.config_class.__dataclass_fields__.get("special_ids") is not None:
+        options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
+    student_config(cfg.student, options)  # typed check of --student-options now
+    train_cfg = StudentTrainConfig(lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                                   weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                                   seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
+                                   multilabel=multilabel)
+    aug_cfg = AugmentConfig(copies=cfg.augment, seed=cfg.seed,
+                            mask_token=tokenizer.mask_token or "[MASK]")
+    device = _device()
+    mode = "no-kd" if cfg.no_kd else "kd"
+
+    with RunDir("distill", name=cfg.name or f"{spec.name}-{cfg.student}-{mode}", out=cfg.out,
+                resume=cfg.resume) as run:
+        run.write_config({**to_dict(cfg), "resolved_kd_lambda": kd_lambda})
+        run.write_env(cfg.seed)
+        t_start = time.time()
+
+        # ---- teacher ------------------------------------------------------------------------
+        teacher_spec = str(_finetune_teacher(cfg, run.path / "teacher")) if finetune_first else cfg.teacher
+        teacher_seconds = time.time() - t_start
+        teacher, _, _ = load_classifier(teacher_spec, labels, multilabel, strict_labels=True)
+        teacher.to(device)
+        fp = teacher_fingerprint(resolve_model(teacher_spec))
+
+        # ---- transfer set: the training examples plus augmented copies (teacher labels only) --
+        t0 = time.time()
+        aug_texts, aug_pairs = augment_texts(train_ds.texts, train_ds.pairs, aug_cfg)
+        augment_seconds = time.time() - t0
+        texts = train_ds.texts + aug_texts
+        pairs = None if train_ds.pairs is None else train_ds.pairs + (aug_pairs or [])
+
+        def logits_for(role, tx, px):
+            key = transfer_key(fp, tx, px, cfg.max_length)
+            return cached_logits(
+                run.path / CACHE_DIR / f"{role}.safetensors", key,
+                lambda: teacher_predict(teacher, tokenizer, tx, px, cfg.max_length,
+                                        cfg.teacher_eval_batch_size),
+                source=resolve_cache_source(cfg.teacher_cache, role), strict_source=role == "transfer")
+
+        t0 = time.time()
+        teacher_eval, eval_from = logits_for("eval", eval_ds.texts, eval_ds.pairs)
+        if cfg.no_kd:
+            teacher_train, train_from = None, "not used (--no-kd)"
+        else:
+            teacher_train, train_from = logits_for("transfer", texts, pairs)
+        teacher_logit_seconds = time.time() - t0
+        # An interrupted run with this folder keeps what is cached and resumes (--resume).
+        (run.path / "checkpoint").mkdir(exist_ok=True)
+
+        # ---- student ------------------------------------------------------------------------
+        def encode(tx, px):
+            return tokenizer(tx, px, truncation=True, max_length=cfg.max_length)["input_ids"]
+
+        train_ids = encode(texts, pairs) if not cfg.no_kd else encode(train_ds.texts, train_ds.pairs)
+        eval_ids = encode(eval_ds.texts, eval_ds.pairs)
+        gold = _gold(train_ds)
+        examples = []
+        for i, ids in enumerate(train_ids):
+            label = None
+            if i < len(train_ds):
+                label = gold[i].tolist() if multilabel else int(gold[i])
+            examples.append({"input_ids": ids, "label": label,
+                             "teacher": None if teacher_train is None else teacher_train[i]})
+
+        emb, emb_info = (None, {"source": "not used"})
+        if entry.model_class.uses_embeddings:
+            emb, emb_info = initial_embeddings(cfg.student_embeddings, teacher, tokenizer, cfg.seed)
+            if emb is not None:
+                if "embed_dim" in options and int(options["embed_dim"]) != emb.shape[1]:
+                    raise UsageError(f"embed_dim={options['embed_dim']} differs from the "
+                                     f"{emb.shape[1]}-d initial embeddings; drop embed_dim or use "
+                                     "--student-embeddings random")
+                options["embed_dim"] = int(emb.shape[1])
+        vocab_size = max(len(tokenizer), emb.shape[0] if emb is not None else 0)
+        scfg = student_config(cfg.student, options)
+        torch.manual_seed(cfg.seed)
+        student = build_student(cfg.student, scfg, vocab_size)
+        student.prepare([e["input_ids"] for e in examples[:len(train_ds)]])
+        if emb is not None:
+            student.init_embeddings(emb)
+        pad_id = tokenizer.pad_token_id or 0
+        eval_gold = _gold(eval_ds)
+
+        def epoch_end(epoch):
+            logits = predict_student(student, eval_ids, pad_id, device=device)
+            return _score(spec.family, spec.metric, logits, eval_gold)
+
+        print(f"distill {cfg.student} ({mode}) on {spec.name}: {len(examples)} training examples "
+              f"({len(train_ds)} original + {len(aug_texts) if not cfg.no_kd else 0} augmented), "
+              f"teacher logits: {train_from}", flush=True)
+        result = train_student(student, examples, train_cfg, pad_id, device, use_teacher=not cfg.no_kd,
+                               log=run.log_metrics, epoch_end=epoch_end,
+                               checkpoint=run.path / "checkpoint" / "student.pt")
+
+        # ---- evaluation and report ----------------------------------------------------------
+        student_logits = predict_student(student, eval_ids, pad_id, device=device)
+        student_metrics = _score(spec.family, spec.metric, student_logits, eval_gold)
+        teacher_metrics = _score(spec.family, spec.metric, teacher_eval, eval_gold)
+        seq_len = max(1, round(float(np.mean([len(x) for x in eval_ids]))))
+        ids = torch.full((1, seq_len), 1000, dtype=torch.long)
+        ids[0, 0], ids[0, -1] = tokenizer.cls_token_id or 101, tokenizer.sep_token_id or 102
+        student.cpu()
+        teacher.cpu()
+        s_flops, s_src = measure_flops(student, {"input_ids": ids}, student.flops_per_example(seq_len))
+        t_flops, t_src = measure_flops(
+            teacher, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            bert_flops_formula(teacher.config, seq_len, len(labels)))
+        t_params = sum(p.numel() for p in teacher.parameters())
+        s_params = student.num_parameters()
+        rows = [
+            {"model": f"teacher ({Path(teacher_spec).name if not finetune_first else cfg.teacher})",
+             "score": teacher_metrics["score"], "params": t_params, "flops": t_flops,
+             "flops_ratio": 1.0},
+            {"model": f"{cfg.student} ({mode})", "score": student_metrics["score"], "params": s_params,
+             "flops": s_flops, "flops_ratio": t_flops / max(s_flops, 1)},
+        ]
+        save_student(student, cfg.student, run.path / "student",
+                     {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
+                      "max_length": cfg.max_length, "teacher": teacher_spec})
+        tokenizer.save_pretrained(run.path / "student")
+        summary = {
+            "command": "distill", "task": spec.name, "metric": spec.metric, "student": cfg.student,
+            "mode": mode, "teacher": teacher_spec, "teacher_finetuned_here": finetune_first,
+            "kd_loss": None if cfg.no_kd else kd_loss_name(multilabel), "kd_lambda": kd_lambda,
+            "temperature": cfg.temperature, "student_config": to_dict(scfg),
+            "embeddings": emb_info,
+            "train_examples": len(train_ds), "augmented_examples": 0 if cfg.no_kd else len(aug_texts),
+            "eval_examples": len(eval_ds), "teacher_logits": {"transfer": train_from, "eval": eval_from},
+            "teacher_eval": teacher_metrics, "student_eval": student_metrics,
+            "params": {"teacher": t_params, "student": s_params},
+            "flops_per_example": {"teacher": t_flops, "student": s_flops, "seq_len": seq_len,
+                                  "teacher_source": t_src, "student_source": s_src,
+                                  "unit": "FLOPs = 2 x multiply-adds, dense, batch 1",
+                                  "teacher_over_student": round(t_flops / max(s_flops, 1), 2)},
+            "seconds": {"teacher_finetune": round(teacher_seconds, 1) if finetune_first else 0.0,
+                        "augment": round(augment_seconds, 1),
+                        "teacher_logits": round(teacher_logit_seconds, 1),
+                        "student_train": round(result["seconds"], 1),
+                        "total": round(time.time() - t_start, 1)},
+            "steps": result["steps"], "epochs": cfg.epochs,
+        }
+        run.write_summary(summary)
+        table = format_table(rows, spec.metric)
+        (run.path / "report.txt").write_text(table + "\n", encoding="utf-8")
+        shutil.rmtree(run.path / "checkpoint", ignore_errors=True)
+    print(table)
+    print(f"-> {run.path}")
+    if not math.isfinite(result["final_loss"]):
+        print("warning: the final training loss is not finite")
+    return run.path

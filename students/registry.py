@@ -1,0 +1,98 @@
+"""The student registry: an explicit name table, plus building, saving and loading students."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compress.config import resolve_config, to_dict
+from compress.errors import ModelError, UsageError
+from students.base import Student, StudentConfig
+from students.bilstm import BiLSTMConfig, BiLSTMStudent
+from students.kimcnn import KimCNNConfig, KimCNNStudent
+from students.logreg import LogRegConfig, LogRegStudent
+
+
+@dataclass(frozen=True)
+class StudentEntry:
+    config_class: type[StudentConfig]
+    model_class: type[Student]
+    description: str
+
+
+STUDENTS: dict[str, StudentEntry] = {
+    "bilstm": StudentEntry(BiLSTMConfig, BiLSTMStudent,
+                           "embedding -> BiLSTM (weight-dropped) -> max pooling -> MLP"),
+    "kimcnn": StudentEntry(KimCNNConfig, KimCNNStudent,
+                           "Kim (2014) CNN: widths 3,4,5, max-over-time pooling, dropout"),
+    "logreg": StudentEntry(LogRegConfig, LogRegStudent,
+                           "logistic regression on in-graph tf-idf of WordPiece uni+bigrams"),
+}
+
+STUDENT_FILE = "student.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def get_student(name: str) -> StudentEntry:
+    if name not in STUDENTS:
+        raise UsageError(f"unknown student '{name}'; known students: {', '.join(STUDENTS)}")
+    return STUDENTS[name]
+
+
+def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``("hidden_size=128", "pooling=last")`` -> {"hidden_size": "128", "pooling": "last"}."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"student option '{item}' is not KEY=VALUE (e.g. hidden_size=128)")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def student_config(name: str, values: dict[str, Any]) -> StudentConfig:
+    """A typed student config from string or typed ``values``; unknown keys list the valid ones.
+    Tuple values are written with ``;`` on the command line (``widths=3;4;5``)."""
+    entry = get_student(name)
+    fixed = {k: (v.replace(";", ",") if isinstance(v, str) else v) for k, v in values.items()}
+    try:
+        return resolve_config(entry.config_class, None, fixed)
+    except UsageError as exc:
+        raise UsageError(f"student '{name}': {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"student '{name}': {exc}") from None
+
+
+def build_student(name: str, cfg: StudentConfig, vocab_size: int) -> Student:
+    return get_student(name).model_class(cfg, vocab_size)
+
+
+def save_student(model: Student, name: str, folder: Path, meta: dict[str, Any]) -> None:
+    """``model.safetensors`` + ``student.json`` (name, config, vocab size, task metadata)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_FILE))
+    info = {"student": name, "config": to_dict(model.config), "vocab_size": model.vocab_size, **meta}
+    (folder / STUDENT_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def load_student(folder: str | Path) -> tuple[Student, dict[str, Any]]:
+    """A saved student in eval mode and its ``student.json``; accepts a distill run folder too."""
+    from safetensors.torch import load_file
+
+    p = Path(folder)
+    if (p / "student" / STUDENT_FILE).is_file():
+        p = p / "student"
+    if not (p / STUDENT_FILE).is_file():
+        raise ModelError(f"{folder} holds no {STUDENT_FILE}; pass a distill run folder or its "
+                         "student/ folder")
+    info = json.loads((p / STUDENT_FILE).read_text(encoding="utf-8"))
+    cfg = student_config(info["student"], info["config"])
+    model = build_student(info["student"], cfg, int(info["vocab_size"]))
+    model.load_state_dict(load_file(str(p / WEIGHTS_FILE)))
+    model.eval()
+    return model, info

@@ -1,0 +1,193 @@
+"""Every registered student: output shape, a gradient step, padding invariance, save/load;
+hand-computed FLOPs; logreg features against scikit-learn; the registry's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compress.distill.embeddings import vectors_for_vocab
+from compress.errors import UsageError
+from students.registry import (
+    STUDENTS,
+    build_student,
+    get_student,
+    load_student,
+    parse_options,
+    save_student,
+    student_config,
+)
+
+VOCAB = 50
+SPECIAL = (0, 1, 2)  # pad, cls, sep in these tests
+
+
+def _make(name, num_labels=3, **extra):
+    opts = {"num_labels": num_labels, **extra}
+    if name == "logreg":
+        opts.setdefault("bigram_buckets", 16)
+        opts.setdefault("special_ids", SPECIAL)
+    else:
+        opts.setdefault("embed_dim", 8)
+    if name == "bilstm":
+        opts.setdefault("hidden_size", 6)
+        opts.setdefault("mlp_hidden", 5)
+    if name == "kimcnn":
+        opts.setdefault("num_filters", 4)
+    torch.manual_seed(0)
+    model = build_student(name, student_config(name, opts), VOCAB)
+    model.prepare([[1, 5, 6, 7, 2], [1, 5, 8, 2], [1, 9, 10, 11, 12, 2]])
+    return model
+
+
+def _batch():
+    ids = torch.tensor([[1, 5, 6, 7, 8, 2], [1, 9, 10, 2, 0, 0], [1, 11, 2, 0, 0, 0]])
+    return ids, (ids != 0).long()
+
+
+@pytest.mark.parametrize("name", sorted(STUDENTS))
+def test_output_shape(name):
+    model = _make(name)
+    ids, mask = _batch()
+    assert model(ids, mask).shape == (3, 3)
+    assert model(ids).shape == (3, 3)
+    assert _make(name, num_labels=90)(ids, mask).shape == (3, 90)
+
+
+@pytest.mark.parametrize("name", sorted(STUDENTS))
+def test_gradient_step_lowers_loss_and_changes_parameters(name):
+    model = _make(name).eval()  # no dropout: the step's effect is deterministic
+    ids, mask = _batch()
+    y = torch.tensor([0, 1, 2])
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    loss0 = torch.nn.functional.cross_entropy(model(ids, mask), y)
+    loss0.backward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt.step()
+    with torch.no_grad():
+        loss1 = torch.nn.functional.cross_entropy(model(ids, mask), y)
+    assert loss1.item() < loss0.item()
+    changed = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
+    assert changed
+
+
+@pytest.mark.parametrize("name", sorted(STUDENTS))
+def test_padding_does_not_change_logits(name):
+    model = _make(name).eval()
+    ids = torch.tensor([[1, 9, 10, 11, 2]])
+    padded = torch.tensor([[1, 9, 10, 11, 2, 0, 0, 0]])
+    with torch.no_grad():
+        a = model(ids)
+        b = model(padded, (padded != 0).long())
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(STUDENTS))
+def test_save_and_load_roundtrip(name, tmp_path):
+    model = _make(name).eval()
+    ids, mask = _batch()
+    save_student(model, name, tmp_path / "student", {"task": "t", "label_names": ["a", "b", "c"]})
+    loaded, info = load_student(tmp_path)  # accepts the run folder holding student/
+    assert info["student"] == name and info["label_names"] == ["a", "b", "c"]
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids, mask), model(ids, mask))
+
+
+def test_bilstm_weight_drop_is_dropconnect_on_hidden_weights():
+    model = _make("bilstm", weight_drop=0.5, embed_dropout=0.0, dropout=0.0)
+    ids, mask = _batch()
+    w = model.lstm.weight_hh_l0.detach().clone()
+    model.train()
+    torch.manual_seed(1)
+    a = model(ids, mask)
+    b = model(ids, mask)
+    assert not torch.allclose(a, b)  # a different mask on weight_hh each call
+    assert torch.equal(model.lstm.weight_hh_l0, w)  # the raw weights are not modified
+    a.sum().backward()
+    assert model.lstm.weight_hh_l0.grad is not None and model.lstm.weight_hh_l0.grad.abs().sum() > 0
+    model.eval()
+    assert torch.allclose(model(ids, mask), model(ids, mask))
+
+
+def test_bilstm_last_pooling_uses_real_last_token():
+    model = _make("bilstm", pooling="last").eval()
+    ids = torch.tensor([[1, 9, 10, 2]])
+    padded = torch.tensor([[1, 9, 10, 2, 0, 0]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), model(padded, (padded != 0).long()), atol=1e-6)
+
+
+def test_embedding_dropout_drops_word_types():
+    from students.base import embed_with_dropout
+
+    emb = torch.nn.Embedding(10, 4)
+    torch.nn.init.ones_(emb.weight)
+    ids = torch.tensor([[3, 3, 3, 4, 4, 4]])
+    torch.manual_seed(0)
+    for _ in range(20):
+        out = embed_with_dropout(emb, ids, 0.5, True)
+        # every occurrence of a word type is kept (x2) or dropped (0) together
+        assert len(set(out[0, :3, 0].tolist())) == 1 and len(set(out[0, 3:, 0].tolist())) == 1
+        assert set(out[0, :, 0].tolist()) <= {0.0, 2.0}
+    assert torch.equal(embed_with_dropout(emb, ids, 0.5, False), emb(ids))
+
+
+def test_flops_formulas_by_hand():
+    lstm = build_student("bilstm", student_config("bilstm", {"num_labels": 2, "embed_dim": 10,
+                                                             "hidden_size": 4, "mlp_hidden": 3}), 20)
+    # 2 directions x 7 tokens x 4 gates x 4 x (10 + 4) MACs + MLP 8x3 + 3x2, times 2
+    assert lstm.flops_per_example(7) == 2 * (2 * 7 * 4 * 4 * 14 + 8 * 3 + 3 * 2)
+    cnn = build_student("kimcnn", student_config("kimcnn", {"num_labels": 2, "embed_dim": 10,
+                                                            "num_filters": 5}), 20)
+    # widths 3,4,5 on 7 tokens: 5, 4, 3 windows of w x 10 x 5 MACs; output 15 x 2
+    assert cnn.flops_per_example(7) == 2 * (5 * 3 * 50 + 4 * 4 * 50 + 3 * 5 * 50 + 15 * 2)
+
+
+def test_logreg_features_equal_sklearn_tfidf():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    train = [[1, 5, 6, 7, 2], [1, 5, 8, 2, 9, 2], [1, 9, 10, 11, 12, 2], [1, 5, 5, 6, 2]]
+    model = _make("logreg")
+    model.prepare(train)
+    test_seqs = [[1, 5, 6, 8, 2], [1, 9, 5, 2, 13, 5, 2]]  # 13 unseen in training
+    # sklearn on the same analyzer, independently of the module's buffers
+    vec = TfidfVectorizer(analyzer=model.analyze, lowercase=False).fit(train)
+    expected = vec.transform(test_seqs).toarray()
+    width = max(len(s) for s in test_seqs)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in test_seqs])
+    got = model.features(ids, (ids != 0).long()).numpy()
+    cols = {f: c for f, c in vec.vocabulary_.items()}
+    for row in range(2):
+        ours = {f: got[row, f] for f in np.nonzero(got[row])[0]}
+        theirs = {f: expected[row, c] for f, c in cols.items() if expected[row, c] != 0}
+        assert set(ours) == set(theirs)
+        for f in ours:
+            assert ours[f] == pytest.approx(theirs[f], rel=1e-5)
+
+
+def test_logreg_bigrams_do_not_cross_special_tokens():
+    model = _make("logreg")
+    feats = model.analyze([1, 5, 2, 6, 2])
+    assert feats[:2] == [5, 6] and len(feats) == 2  # no bigram (5, 6) across [SEP]
+
+
+def test_registry_errors():
+    with pytest.raises(UsageError, match="unknown student 'gpt'; known students: bilstm, kimcnn, logreg"):
+        get_student("gpt")
+    with pytest.raises(UsageError, match="unknown option 'hidden'"):
+        student_config("bilstm", {"hidden": "3"})
+    with pytest.raises(UsageError, match="pooling"):
+        student_config("bilstm", {"pooling": "mean"})
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        parse_options(("hidden_size",))
+    assert student_config("kimcnn", parse_options(("widths=2;3",))).widths == (2, 3)
+
+
+def test_vectors_file_mapped_onto_wordpiece_vocab():
+    vectors = {"film": np.array([1.0, 2.0], dtype=np.float32), "good": np.array([3.0, 4.0], np.float32)}
+    vocab = {"[PAD]": 0, "film": 1, "Good": 2, "##good": 3, "zzz": 4}
+    mat, coverage = vectors_for_vocab(vectors, vocab, pad_id=0)
+    assert mat.shape == (5, 2) and coverage == pytest.approx(3 / 5)
+    assert mat[1].tolist() == [1.0, 2.0] and mat[2].tolist() == [3.0, 4.0] and mat[3].tolist() == [3.0, 4.0]
+    assert mat[0].tolist() == [0.0, 0.0]
