@@ -185,7 +185,8 @@ class PFAObjective(nn.Module):
         l_p = span_loss(out_p.start_logits, out_p.end_logits, sp, ep)
         a = self.align(out_o.hidden_states[-1], out_p.hidden_states[-1], inputs.get("attention_mask"))
         loss = l_o + l_p + self.alpha * a
-        return loss, {"loss_original": float(l_o), "loss_perturbed": float(l_p), "alignment": float(a)}
+        return loss, {"loss_original": float(l_o.detach()), "loss_perturbed": float(l_p.detach()),
+                      "alignment": float(a.detach())}
 
 
 # ------------------------------------------------------------- HL-AACL --------------------------
@@ -273,8 +274,9 @@ class HLAACLObjective(nn.Module):
         plain = span_loss(sl, el, sp, ep)
         hl = hard_learning_loss(sl, el, sp, ep, ts, te)
         cl = answer_aware_contrastive_loss(out.hidden_states[-1], sp, ep, ts, te, self.tau)
-        return plain + hl + self.alpha * cl, {"loss_plain": float(plain), "loss_hl": float(hl),
-                                               "loss_aacl": float(cl)}
+        return plain + hl + self.alpha * cl, {"loss_plain": float(plain.detach()),
+                                               "loss_hl": float(hl.detach()),
+                                               "loss_aacl": float(cl.detach())}
 
 
 def _hidden_size(model) -> int:
