@@ -235,7 +235,7 @@ def _onnx_vocab(path: str) -> int:
 def _encoder_sparsity(model: torch.nn.Module) -> float:
     from compress.measure.params import count_params
 
-    return count_params(model)["encoder_sparsity"]
+    return count_params(model)["encoder_matrix_sparsity"]
 
 
 def _torch_callable(loaded):

@@ -27,11 +27,11 @@ def _group(name: str, module_kinds: dict[str, type]) -> str:
 def count_params(model: torch.nn.Module) -> dict[str, Any]:
     """Element counts of all parameters, split into embeddings / encoder / head, each with non-zeros.
 
-    ``encoder_sparsity`` is the fraction of zeros among encoder parameters: the part that magnitude
-    pruning targets.
+    ``encoder_sparsity`` is the fraction of zeros among encoder parameters; ``encoder_matrix_sparsity``
+    counts only the weight matrices (biases are often initialised to zero): what pruning zeroes.
     """
     kinds = {n: type(m) for n, m in model.named_modules()}
-    out: dict[str, int] = {"total": 0, "nonzero": 0}
+    out: dict[str, int] = {"total": 0, "nonzero": 0, "encoder_matrices": 0, "encoder_matrices_nonzero": 0}
     for g in ("embeddings", "encoder", "head"):
         out[g] = 0
         out[f"{g}_nonzero"] = 0
@@ -43,9 +43,14 @@ def count_params(model: torch.nn.Module) -> dict[str, Any]:
         out["nonzero"] += nz
         out[g] += n
         out[f"{g}_nonzero"] += nz
+        if g == "encoder" and p.dim() >= 2:
+            out["encoder_matrices"] += n
+            out["encoder_matrices_nonzero"] += nz
     res: dict[str, Any] = dict(out)
     res["sparsity"] = 1.0 - out["nonzero"] / out["total"] if out["total"] else 0.0
     res["encoder_sparsity"] = 1.0 - out["encoder_nonzero"] / out["encoder"] if out["encoder"] else 0.0
+    em = out["encoder_matrices"]
+    res["encoder_matrix_sparsity"] = 1.0 - out["encoder_matrices_nonzero"] / em if em else 0.0
     return res
 
 

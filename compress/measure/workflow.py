@@ -87,7 +87,7 @@ def run_measure(cfg: MeasureConfig) -> dict[str, Any]:
             structured = True
             result["structure"] = {"layer_heads": config.layer_heads,
                                    "layer_ffn": config.layer_intermediate}
-    result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_sparsity"],
+    result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],
                                       structured=structured, runtime=cfg.runtime)
     where = _weights_location(cfg.model, loaded.path)
     result["disk"] = disk_sizes(where) if where is not None else None
@@ -101,10 +101,11 @@ def _fmt_int(n: int | None) -> str:
 def format_measure(r: dict[str, Any]) -> str:
     """The human-readable report printed by ``compress measure``."""
     p = r["params"]
+    sparsity = p.get("encoder_matrix_sparsity", p["encoder_sparsity"])
     lines = [f"model: {r['model']} ({r['kind']})",
              f"parameters: total {_fmt_int(p['total'])}, embeddings {_fmt_int(p.get('embeddings'))}, "
              f"encoder {_fmt_int(p.get('encoder'))}, non-zero {_fmt_int(p['nonzero'])} "
-             f"(encoder sparsity {p['encoder_sparsity']:.1%})"]
+             f"(encoder weight-matrix sparsity {sparsity:.1%})"]
     f = r.get("flops")
     if f:
         lines += [

@@ -1,0 +1,134 @@
+"""The real CLI: measure, export (parity, fusion, int8, accuracy) and bench, plus their bad-input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _one_line_error(proc, code: int) -> str:
+    assert proc.returncode == code, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("compress")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_bert, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "tiny-int8.onnx"
+    proc = run_cli("export", str(tiny_bert), "--to", str(out), "--optimize", "--quantize", "int8",
+                   "--task", "sample", "--eval-limit", "40")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_measure_bert_json(tiny_bert):
+    proc = run_cli("measure", str(tiny_bert), "--seq-len", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    f = r["flops"]
+    # tiny BERT: 2 layers, hidden 32, FFN 64, length 16; + pooler and a 2-label head on [CLS]
+    linear = 2 * 16 * (4 * 32 * 32 + 2 * 32 * 64) + 32 * 32 + 32 * 2
+    attention = 2 * 2 * 16 * 16 * 32
+    assert f["dense_macs_by_operator"]["linear"] == linear
+    assert f["dense_macs_by_operator"]["scaled_dot_product_attention"] == attention
+    assert f["dense_flops"] == 2 * f["dense_macs"]
+    assert "not_counted" in f and "1 MAC" in f["unit"]
+    assert r["params"]["total"] > 0 and r["verdict"]["faster"] == "no compression"
+    assert r["disk"]["bytes"] > 0
+
+
+def test_measure_text_report_has_sparsity_table(tiny_bert):
+    proc = run_cli("measure", str(tiny_bert))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "effective" in proc.stdout and "not counted" in proc.stdout
+    assert "will it be faster" in proc.stdout and "heads min/mean/max" in proc.stdout
+
+
+def test_export_optimize_int8_with_accuracy(exported):
+    out, proc = exported
+    assert out.is_file()
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["fused_ops"]["Attention"] == 2
+    assert report["parity_fp32"]["max_abs_diff"]["logits"] <= 1e-4
+    assert report["parity_optimized"]["max_abs_diff"]["logits"] <= 1e-4
+    assert report["parity_int8"]["atol"] == 0.5
+    acc = report["accuracy"]
+    assert acc["task"] == "sample" and acc["fp32"]["n"] == 40 and 0 <= acc["int8"]["score"] <= 1
+    assert "fused ops: " in proc.stdout and "Attention 2" in proc.stdout
+
+
+def test_measure_onnx(exported):
+    out, _ = exported
+    proc = run_cli("measure", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["kind"] == "onnx" and r["params"]["int8_elements"] > 0
+    assert r["fused_ops"]["QAttention"] == 2
+
+
+def test_bench_torch_vs_ort(tiny_bert, exported, tmp_path):
+    out, _ = exported
+    proc = run_cli("bench", f"base={tiny_bert}", f"int8={out}", "--batch-sizes", "1,2", "--seq-lens", "8",
+                   "--iterations", "2", "--warmup", "1", "--matmul-n", "128", "--out", str(tmp_path / "b"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "b" / "bench.json").read_text())
+    runs = {(x["model"], x["runtime"], x["batch"]) for x in r["rows"]}
+    assert runs == {(m, rt, b) for m, rt in (("base", "torch"), ("base", "ort"), ("int8", "ort"))
+                    for b in (1, 2)}
+    for row in r["rows"]:
+        assert row["iterations"] == 2 and row["mean_ms"] > 0 and row["p90_ms"] >= row["min_ms"]
+        assert row["throughput"] == pytest.approx(row["batch"] / (row["mean_ms"] / 1000))
+        assert row["achieved_gflops"] > 0  # the int8 file's FLOPs come from its export report
+    assert all(x["vs_baseline"] == pytest.approx(1.0) for x in r["rows"]
+               if (x["model"], x["runtime"]) == ("base", "torch"))
+    assert r["matmul_peak"]["gflops"] > 0
+    assert "matmul peak" in proc.stdout and "x base" in proc.stdout
+
+
+def test_bad_inputs(tiny_bert, tmp_path):
+    err = _one_line_error(run_cli("bench", str(tiny_bert), "--batch-sizes", "1.5"), 2)
+    assert "batch_sizes" in err and "1.5" in err
+    err = _one_line_error(run_cli("bench", str(tiny_bert), "--provider", "tpu"), 2)
+    assert "'tpu'" in err and "CPUExecutionProvider" in err
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    err = _one_line_error(run_cli("export", str(notes), "--to", str(tmp_path / "n.onnx")), 1)
+    assert "notes.txt is a file, not a model" in err
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00garbage")
+    err = _one_line_error(run_cli("measure", str(junk)), 1)
+    assert "junk.onnx is not a readable ONNX model" in err
+    # parity failure: a tolerance no float computation meets; nothing is left behind
+    target = tmp_path / "strict.onnx"
+    err = _one_line_error(run_cli("export", str(tiny_bert), "--to", str(target), "--atol", "1e-15"), 1)
+    assert "output 'logits' max |diff|" in err and "> 1e-15" in err
+    assert not target.exists() and not list(tmp_path.glob(".tmp-*"))
+    assert not (tmp_path / "bench").exists()
+
+
+def test_student_export_and_measure(tmp_path):
+    registry = pytest.importorskip("students.registry")
+    import torch
+
+    for name in registry.STUDENTS:
+        torch.manual_seed(0)
+        model = registry.build_student(name, registry.student_config(name, {}), 3000)
+        if name == "logreg":
+            model.prepare([[int(i) for i in torch.randint(100, 3000, (12,))] for _ in range(30)])
+        registry.save_student(model, name, tmp_path / name, {"task": "sst2"})
+        out = tmp_path / f"{name}.onnx"
+        proc = run_cli("export", str(tmp_path / name), "--to", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads(out.with_suffix(".json").read_text())
+        assert report["kind"] == "student" and report["inputs"] == ["input_ids", "attention_mask"]
+        assert report["parity_fp32"]["max_abs_diff"]["logits"] <= 1e-4
+        proc = run_cli("measure", str(tmp_path / name), "--seq-len", "32", "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = json.loads(proc.stdout)
+        assert r["kind"] == "student" and r["flops"]["dense_macs"] > 0
