@@ -7,7 +7,7 @@ split, then rank every candidate sentence of the eval split; BM25 is reported be
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -62,7 +62,8 @@ def _fmt(m: dict) -> str:
 
 def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, command: str, name: str,
                                 hook_factory=None, extra_meta: dict | None = None,
-                                extra_summary: dict | None = None) -> Path:
+                                extra_summary: dict | None = None,
+                                extra_files: Callable[[Path], None] | None = None) -> Path:
     """Shared by fine-tuning (gold pairs) and mining distillation (gold + mined pairs)."""
     model, tokenizer, _ = load_dual_encoder(cfg.model)
     hooks = list(hook_factory(model.encoder)) if hook_factory else []
@@ -84,6 +85,8 @@ def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, comman
         for h in hooks:
             if hasattr(h, "save"):
                 h.save(run.path)
+        if extra_files:
+            extra_files(run.path)
         summary = {"command": command, "task": REQA_TASK, "model": cfg.model,
                    "train_questions": len(data["train"]), "train_pairs": len(pairs),
                    "eval_questions": len(data["dev"]), "eval_candidates": len(data["dev"].sentences),

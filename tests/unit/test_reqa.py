@@ -67,3 +67,66 @@ def test_mean_pool_ignores_padding():
     h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
     m = torch.tensor([[1, 1, 0]])
     assert mean_pool(h, m).tolist() == [[2.0, 3.0]]
+
+
+def test_cross_encoder_examples_one_negative_per_positive_cycling_sources(reqa):
+    from compress.retrieval.mining import cross_encoder_examples
+
+    bm25 = bm25_order(reqa.questions, reqa.sentences)
+    ds, sources = cross_encoder_examples(reqa, bm25, seed=0)
+    assert ds.labels.count(1) == ds.labels.count(0) == 3  # 1:1
+    assert sources == ["gold", "bm25", "gold", "same_document", "gold", "random"]
+    gold_text = {reqa.questions[i]: {reqa.sentences[j] for j in g} for i, g in enumerate(reqa.gold)}
+    for q, s, y, src in zip(ds.texts, ds.pairs, ds.labels, sources):
+        assert (s in gold_text[q]) == (y == 1)
+        if src == "same_document":  # question 2 (q2) lives in context 0
+            assert reqa.sentence_context[reqa.sentences.index(s)] == 0
+
+
+def test_mine_pairs_keeps_p_at_least_threshold_weighted_p_squared(reqa, monkeypatch):
+    from compress.retrieval import mining
+
+    probs = {"It was built in 1889.": 0.9, "The Eiffel Tower is in Paris.": 0.5,
+             "It is the capital.": 0.49}
+    monkeypatch.setattr(mining, "relevance_probabilities",
+                        lambda m, t, qs, ss, ml, bs: np.array([probs.get(s, 0.1) for s in ss]))
+    bm25 = np.array([[2, 1, 4, 0, 3], [0, 1, 2, 4, 3], [3, 4, 0, 1, 2]])
+    mined = mining.mine_pairs(None, None, reqa, bm25, top_k=3, threshold=0.5, max_length=32, batch_size=8)
+    # q0: gold 2 excluded; 1 (p .5) kept, 4 (p .49) dropped. q1: gold 0 excluded; 1 kept, 2 kept.
+    # q2: gold 3 excluded; 4 dropped, 0 (p .1) dropped.
+    assert sorted(mined) == sorted([(0, 1, 0.25), (1, 1, 0.25), (1, 2, pytest.approx(0.81))])
+
+
+def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path):
+    import json
+
+    from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
+
+    ctx = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
+    arts = [{"title": f"T{i}", "paragraphs": [{"context": ctx, "qas": [
+        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
+        {"id": f"{i}-b", "question": "Tower?",
+         "answers": [{"text": "Eiffel", "answer_start": ctx.index("Eiffel")}]},
+    ]}]} for i in range(3)]
+    (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
+    cfg = ReQAMiningConfig(model=str(tiny_bert), teacher=str(tiny_bert), data_dir=str(tmp_path),
+                           split_by_article="2/1", max_steps=2, batch_size=4, max_length=32,
+                           mining_threshold=0.0, out=str(tmp_path / "run"))
+    run = run_reqa_mining_distill(cfg)
+    s = json.loads((run / "summary.json").read_text())
+    # 4 train questions (2 articles) x 3 sentences: every non-gold candidate is mined at threshold 0
+    assert s["mining"]["gold_pairs"] == 4 and s["mining"]["mined_pairs"] == 8
+    assert s["train_pairs"] == 12 and s["mining"]["teacher_pairs"]["gold"] == 4
+    assert (run / "teacher" / "compress.json").is_file()
+    rows = [json.loads(x) for x in (run / "mined_pairs.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(0 <= r["weight"] <= 1 for r in rows)
+    # the saved teacher is reused as is by a second run
+    cfg2 = replace_cfg(cfg, teacher=str(run / "teacher"), out=str(tmp_path / "run2"))
+    s2 = json.loads((run_reqa_mining_distill(cfg2) / "summary.json").read_text())
+    assert s2["mining"]["teacher_trained_here"] is False
+
+
+def replace_cfg(cfg, **kw):
+    from dataclasses import replace
+
+    return replace(cfg, **kw)
