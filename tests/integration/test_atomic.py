@@ -1,0 +1,101 @@
+"""A run folder is complete or absent: Ctrl-C and a failing save, injected into the real CLI
+(``compress.cli.main.main`` in process) at chosen points."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+
+import compress.finetune
+from compress.cli.main import main
+from compress.runs import RunDir
+from tests.integration.test_resume import tiny_classifier  # noqa: F401 - fixture
+
+ARGS = ["--max-steps", "6", "--batch-size", "8", "--max-length", "24", "--log-every", "1", "--seed", "3"]
+
+
+def _interrupt_at(monkeypatch, step: int, exc: BaseException) -> None:
+    real = RunDir.log_metrics
+
+    def log(self, record):
+        real(self, record)
+        if record.get("step") == step and "loss" in record:
+            raise exc
+
+    monkeypatch.setattr(RunDir, "log_metrics", log)
+
+
+def _steps(run):
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ctrl_c_before_any_checkpoint_leaves_nothing(tiny_classifier, tmp_path, monkeypatch, capsys):  # noqa: F811
+    _interrupt_at(monkeypatch, 2, KeyboardInterrupt())
+    code = main(["finetune", "--model", str(tiny_classifier), *ARGS, "--out", str(tmp_path / "r")])
+    assert code == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_after_a_checkpoint_keeps_it_and_resume_completes(tiny_classifier, tmp_path,  # noqa: F811
+                                                                  monkeypatch, capsys):
+    base = ["finetune", "--model", str(tiny_classifier), *ARGS, "--checkpoint-every", "2",
+            "--out", str(tmp_path / "r")]
+    _interrupt_at(monkeypatch, 3, KeyboardInterrupt())
+    assert main(base) == 130
+    assert "--resume" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-r"]
+    assert (tmp_path / ".tmp-r" / "checkpoint" / "step-00000002").is_dir()
+    monkeypatch.undo()
+    assert main([*base, "--resume"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert _steps(tmp_path / "r") == [1, 2, 3, 4, 5, 6, 6]  # 6 twice: the last loss and the eval record
+    assert not (tmp_path / "r" / "checkpoint").exists()
+
+
+def _failing_save(monkeypatch):
+    real = compress.finetune.save_model
+
+    def save_then_disk_full(model, tokenizer, folder, meta):
+        real(model, tokenizer, folder, meta)
+        (folder / "model.safetensors").write_bytes(b"\0" * 10)  # a torn file
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "model.safetensors"))
+
+    monkeypatch.setattr(compress.finetune, "save_model", save_then_disk_full)
+
+
+def test_disk_full_while_saving_the_model_leaves_no_run_folder(tiny_classifier, tmp_path,  # noqa: F811
+                                                               monkeypatch, capsys):
+    _failing_save(monkeypatch)
+    code = main(["finetune", "--model", str(tiny_classifier), *ARGS, "--out", str(tmp_path / "r")])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("compress finetune: error: [Errno 28] No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_full_after_checkpoints_keeps_them_and_no_final_folder(tiny_classifier, tmp_path,  # noqa: F811
+                                                                    monkeypatch):
+    base = ["finetune", "--model", str(tiny_classifier), *ARGS, "--checkpoint-every", "2",
+            "--out", str(tmp_path / "r")]
+    _failing_save(monkeypatch)
+    assert main(base) == 1
+    assert not (tmp_path / "r").exists()
+    assert (tmp_path / ".tmp-r" / "checkpoint" / "step-00000004").is_dir()
+    monkeypatch.undo()
+    assert main([*base, "--resume"]) == 0  # resumes from step 4, not from scratch
+    assert _steps(tmp_path / "r") == [1, 2, 3, 4, 5, 6, 6]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] == 6
+    assert len(json.loads((tmp_path / "r" / "env.json").read_text())["resumes"]) == 1
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("simulated crash")])
+def test_a_crash_before_the_first_checkpoint_propagates_and_leaves_nothing(tiny_classifier, tmp_path,  # noqa: F811
+                                                                           monkeypatch, exc):
+    _interrupt_at(monkeypatch, 1, exc)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["finetune", "--model", str(tiny_classifier), *ARGS, "--out", str(tmp_path / "r")])
+    assert list(tmp_path.iterdir()) == []
