@@ -1,0 +1,68 @@
+import json
+
+from compress.cli.common import add_config_args, config_from_args
+from compress.prune import PruneConfig, run_prune
+
+HELP = "magnitude-prune a BERT encoder during pre-training, fine-tuning, or after fine-tuning"
+EXAMPLES = """examples:
+  compress prune --sparsity 0.4                       # packaged MiniLM, bundled sample, stage finetune
+  compress prune --sparsity 0.4 --task sst2 --data-dir ../shared/data --train-limit 20000
+  compress prune --sparsity 0.4 --criterion random    # the paper's random-pruning control
+  compress prune --sparsity 0.6 --scope global --schedule oneshot --stage after-finetune
+  compress prune --stage pretrain --sparsity 0.4 --corpus ../shared/data/wikitext2 --max-steps 200
+  compress prune --include pooler --exclude 'embeddings.*'   # globs, or re:REGEX
+then: compress finetune --model RUN (keeps the masks) and compress verify RUN
+"""
+HELPS = {
+    "task": "task to fine-tune on (stages finetune/after-finetune)",
+    "model": "minilm, a model folder, a run folder or a hub name",
+    "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
+    "train_limit": "use only the first N training examples", "out": "run folder to create",
+    "sparsity": "fraction of the pruned matrices' weights set to zero, in [0, 1)",
+    "criterion": "magnitude (smallest |w| first) or random (the paper's control)",
+    "scope": "local (one threshold per matrix, the paper's default) or global (one over all)",
+    "schedule": "oneshot, or gradual (Zhu & Gupta cubic: s_f + (s_i - s_f)(1 - (t - t0)/span)^3)",
+    "stage": "pretrain (masked LM on --corpus), finetune (prune while fine-tuning), after-finetune",
+    "prune_steps": "steps over which gradual pruning ramps up (default: first half of training)",
+    "prune_every": "recompute masks every N steps while ramping (default: a tenth of --prune-steps)",
+    "prune_start": "step t0 at which pruning begins",
+    "initial_sparsity": "s_i of the gradual schedule",
+    "schedule_power": "exponent of the gradual schedule (3 = cubic)",
+    "include": "extra parameters to prune: comma-separated globs, or re:REGEX",
+    "exclude": "parameters not to prune: comma-separated globs, or re:REGEX",
+    "recovery_steps": "after-finetune: training steps with masks after pruning (default: as many as "
+                      "the dense fine-tuning)",
+    "corpus": "pretrain: text file(s), comma-separated, or a folder of .txt/.raw/.tokens files",
+    "mlm_probability": "pretrain: fraction of tokens masked (80% [MASK], 10% random, 10% kept)",
+    "heldout_fraction": "pretrain: last fraction of the corpus lines kept out for the MLM loss",
+    "heldout_blocks": "pretrain: at most this many held-out blocks are scored",
+    "no_dense_baseline": "pretrain: skip training the unpruned model for comparison",
+    "structured": "remove whole units instead: heads,ffn (uses compress.pruning.structured)",
+}
+
+
+def add_arguments(parser):
+    add_config_args(parser, PruneConfig, HELPS)
+
+
+def run(args):
+    from compress.measure.sparsity import format_sparsity_table
+
+    path = run_prune(config_from_args(PruneConfig, args))
+    report = json.loads((path / "sparsity.json").read_text(encoding="utf-8"))
+    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    print(format_sparsity_table(report))
+    if "mlm_loss" in summary:
+        m = summary["mlm_loss"]
+        dense = "not trained" if m["dense_after"] is None else f"{m['dense_after']:.4f}"
+        print(f"held-out MLM loss ({m['heldout_tokens_scored']} tokens): before {m['before']:.4f} | "
+              f"unpruned after {summary['steps']} steps {dense} | pruned after {summary['steps']} "
+              f"steps {m['pruned_after']:.4f}")
+    if "eval" in summary:
+        e = summary["eval"]
+        extra = ""
+        if summary.get("eval_dense"):
+            extra = f" (dense before pruning: {summary['eval_dense']['score']:.4f})"
+        print(f"{summary['task']}: {summary['metric']} = {e['score']:.4f} on {e['n']} examples{extra}")
+    print(f"run folder: {path}")
+    return 0

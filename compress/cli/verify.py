@@ -1,0 +1,18 @@
+HELP = "check that every pruned weight of a saved run is still exactly zero (reloads from disk)"
+EXAMPLES = """examples:
+  compress verify artifacts/prune/20261122-101500-sample-finetune-magnitude-40
+  compress verify artifacts/finetune/20261122-111500-sst2     # fine-tuned from a pruned run
+"""
+
+
+def add_arguments(parser):
+    parser.add_argument("run", help="run folder (or model folder) holding model/masks.safetensors")
+
+
+def run(args):
+    from compress.pruning.integrity import verify_run
+
+    r = verify_run(args.run)
+    print(f"ok: {r['pruned']:,} of {r['total']:,} weights in {r['tensors']} masked tensors are zero "
+          f"({100 * r['sparsity']:.2f}%) in {r['model_dir']}")
+    return 0

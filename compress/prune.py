@@ -1,0 +1,343 @@
+"""``compress prune``: magnitude pruning during pre-training, fine-tuning, or after fine-tuning.
+
+Each stage reads top to bottom: validate everything (config, data, model, targets) -> open the run
+folder -> train with the pruning hook -> finalize masks -> evaluate -> save model, masks, report.
+Nothing is written before validation passes, so bad input leaves no run folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from compress.config import check_range, to_dict
+from compress.errors import DataError, UsageError
+from compress.finetune import TaskDataConfig, evaluate, load_task_data
+from compress.measure.sparsity import sparsity_report
+from compress.models import load_classifier, load_tokenizer, resolve_model, save_model
+from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, load_saved_model, save_masks
+from compress.pruning.masks import get_criterion, get_scope
+from compress.pruning.pruner import MagnitudePruner, PruningHook, matching_masks
+from compress.pruning.schedules import SCHEDULES, make_schedule
+from compress.pruning.targets import select_targets
+from compress.runs import RunDir, write_json
+from compress.training import TrainConfig, encode, train
+
+
+@dataclass(frozen=True)
+class PruneConfig(TrainConfig, TaskDataConfig):
+    sparsity: float = 0.4
+    criterion: str = "magnitude"
+    scope: str = "local"
+    schedule: str = "gradual"
+    stage: str = "finetune"
+    prune_steps: int | None = None
+    prune_every: int | None = None
+    prune_start: int = 0
+    initial_sparsity: float = 0.0
+    schedule_power: float = 3.0
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    recovery_steps: int | None = None
+    corpus: tuple[str, ...] = ()
+    mlm_probability: float = 0.15
+    heldout_fraction: float = 0.05
+    heldout_blocks: int = 256
+    no_dense_baseline: bool = False
+    structured: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        TrainConfig.__post_init__(self)
+        for lim in ("train_limit", "eval_limit"):
+            v = getattr(self, lim)
+            if v is not None and v < 1:
+                raise UsageError(f"--{lim.replace('_', '-')} must be >= 1, got {v}")
+        check_range("sparsity", self.sparsity, 0, 1, hi_open=True)
+        get_criterion(self.criterion)
+        get_scope(self.scope)
+        if self.schedule not in SCHEDULES:
+            raise UsageError(f"unknown schedule '{self.schedule}'; choose one of: {', '.join(SCHEDULES)}")
+        if self.stage not in STAGES:
+            raise UsageError(f"unknown stage '{self.stage}'; choose one of: {', '.join(STAGES)}")
+        for name in ("prune_steps", "prune_every", "recovery_steps", "heldout_blocks"):
+            v = getattr(self, name)
+            if v is not None:
+                check_range(name, v, 1)
+        check_range("prune_start", self.prune_start, 0)
+        check_range("initial_sparsity", self.initial_sparsity, 0, self.sparsity)
+        check_range("schedule_power", self.schedule_power, 0, None, lo_open=True)
+        check_range("mlm_probability", self.mlm_probability, 0, 1, lo_open=True, hi_open=True)
+        check_range("heldout_fraction", self.heldout_fraction, 0, 0.5, lo_open=True)
+        if self.recovery_steps is not None and self.stage != "after-finetune":
+            raise UsageError("--recovery-steps applies to --stage after-finetune only")
+        if self.corpus and self.stage != "pretrain":
+            raise UsageError("--corpus applies to --stage pretrain only")
+        if self.structured and self.criterion != "magnitude":
+            raise UsageError("--structured prunes by magnitude; drop --criterion "
+                             f"'{self.criterion}'")
+
+
+# ---------------------------------------------------------------------------------------------
+# shared pieces
+
+
+def total_steps(cfg: PruneConfig, n_examples: int, max_steps: int | None = None) -> int:
+    """Optimizer steps of one ``train`` call on one process (the loop's own formula)."""
+    max_steps = max_steps or cfg.max_steps
+    per_epoch = max(1, math.ceil(n_examples / cfg.batch_size))
+    return max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
+
+
+def _schedule_factory(cfg: PruneConfig):
+    def build(total: int):
+        return make_schedule(cfg.schedule, cfg.sparsity, total, cfg.prune_steps, cfg.prune_every,
+                             cfg.prune_start, cfg.initial_sparsity, cfg.schedule_power)
+    return build
+
+
+class _ScheduledPruningHook(PruningHook):
+    """Builds the schedule from the loop's real step count (it differs on several processes)."""
+
+    def __init__(self, pruner, module, factory):
+        super().__init__(pruner, module)
+        self.factory = factory
+
+    def on_train_begin(self, model, total_steps: int) -> None:
+        if self.pruner.phase == "new":
+            self.pruner.schedule = self.factory(total_steps)
+        super().on_train_begin(model, total_steps)
+
+
+def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_steps: int
+                ) -> tuple[MagnitudePruner, _ScheduledPruningHook]:
+    """Validate targets and schedule for ``module`` and build the pruner (before any run folder)."""
+    targets = select_targets(module, cfg.include, cfg.exclude)
+    factory = _schedule_factory(cfg)
+    initial = {}
+    if (Path(model_dir) / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
+        initial, _ = matching_masks(module, load_masks(Path(model_dir) / MASKS_FILE))
+    pruner = MagnitudePruner(targets, factory(n_steps), cfg.criterion, cfg.scope, cfg.seed, initial)
+    return pruner, _ScheduledPruningHook(pruner, module, factory)
+
+
+def run_structured(module: torch.nn.Module, cfg: PruneConfig) -> dict:
+    """Remove whole heads / FFN neurons (``compress.pruning.structured``), imported only when asked."""
+    try:
+        from compress.pruning.structured import prune_structured
+    except ImportError as exc:
+        raise UsageError(f"--structured is not available here ({exc}); use unstructured pruning "
+                         "(leave --structured unset)") from None
+    return prune_structured(module, cfg.sparsity, tuple(cfg.structured))
+
+
+def pruning_meta(cfg: PruneConfig, pruner: MagnitudePruner | None, structured: dict | None) -> dict:
+    meta = {"stage": cfg.stage, "sparsity": cfg.sparsity, "criterion": cfg.criterion,
+            "scope": cfg.scope, "schedule": cfg.schedule, "seed": cfg.seed}
+    if pruner is not None:
+        sch = pruner.schedule
+        meta.update({"masks_file": MASKS_FILE, "targets": list(pruner.params),
+                     "schedule_params": {k: getattr(sch, k) for k in sch.__dataclass_fields__},
+                     "history": pruner.history})
+    if structured is not None:
+        meta["structured"] = {"targets": list(cfg.structured), "result": structured}
+    return meta
+
+
+def save_pruned(run: RunDir, model, tokenizer, masks: dict | None, meta: dict, summary: dict) -> dict:
+    """Model (HF format, zeros stored) + masks + sparsity.json + summary.json; the saved model is
+    reloaded with plain ``from_pretrained`` and every mask checked on it."""
+    model_dir = run.path / "model"
+    save_model(model, tokenizer, model_dir, meta)
+    reloaded = load_saved_model(model_dir)
+    if masks:
+        save_masks(masks, model_dir / MASKS_FILE)
+        _link_or_copy(model_dir / MASKS_FILE, run.path / MASKS_FILE)
+        check_masks(reloaded, load_masks(model_dir / MASKS_FILE))
+    report = sparsity_report(reloaded, masks or None)
+    write_json(run.path / "sparsity.json", report)
+    summary = {**summary, "sparsity": {g: report[g]["sparsity"] for g in ("global", "embeddings",
+                                                                          "encoder")},
+               "heads_overall": report["heads_overall"]}
+    run.write_summary(summary)
+    return summary
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _name(cfg: PruneConfig, what: str) -> str:
+    return cfg.name or f"{what}-{cfg.stage}-{cfg.criterion}-{round(100 * cfg.sparsity)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# stages
+
+
+def prune_finetune(cfg: PruneConfig) -> Path:
+    """Prune while fine-tuning on a task: masks follow the schedule, then stay fixed."""
+    spec, data = load_task_data(cfg)
+    labels = data["train"].label_names
+    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
+    n_steps = total_steps(cfg, len(data["train"]))
+    pruner, hooks = None, []
+    if not cfg.structured:
+        pruner, hook = make_pruner(cfg, model, resolve_model(cfg.model), n_steps)
+        hooks = [hook]
+    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+        structured = run_structured(model, cfg) if cfg.structured else None
+        feats = encode(tokenizer, data["train"], cfg.max_length)
+        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics)
+        masks = pruner.finalize() if pruner else None
+        metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        run.log_metrics({"step": result["steps"], "eval": metrics})
+        meta = {"task": spec.name, "label_names": list(labels), "multilabel": data["train"].multilabel,
+                "max_length": cfg.max_length, "base_model": cfg.model,
+                "pruning": pruning_meta(cfg, pruner, structured)}
+        save_pruned(run, model, tokenizer, masks, meta, {
+            "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
+            "steps": result["steps"], "train_seconds": round(time.time() - t0, 1),
+            "metric": spec.metric, "eval": metrics, "structured": structured,
+            "prune_history": pruner.history if pruner else None})
+    return run.path
+
+
+def prune_after_finetune(cfg: PruneConfig) -> Path:
+    """Fine-tune dense, prune (oneshot or gradual), keep training with masks to recover."""
+    spec, data = load_task_data(cfg)
+    labels = data["train"].label_names
+    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
+    n_dense = total_steps(cfg, len(data["train"]))
+    n_recover = cfg.recovery_steps or n_dense
+    pruner, hooks = None, []
+    if not cfg.structured:
+        pruner, hook = make_pruner(cfg, model, resolve_model(cfg.model), n_recover)
+        hooks = [hook]
+    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+        feats = encode(tokenizer, data["train"], cfg.max_length)
+        dense = train(model, tokenizer, feats, cfg, [], log=run.log_metrics)
+        dense_metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        run.log_metrics({"phase": "dense", "step": dense["steps"], "eval": dense_metrics})
+        structured, before_recovery = None, None
+        if cfg.structured:
+            structured = run_structured(model, cfg)
+        elif cfg.schedule == "oneshot":
+            hooks[0].on_train_begin(model, n_recover)  # prune now, to score the model unrecovered
+        if cfg.structured or cfg.schedule == "oneshot":
+            before_recovery = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                       cfg.eval_batch_size)
+        recover_cfg = replace(cfg, max_steps=n_recover)
+        rec = train(model, tokenizer, feats, recover_cfg, hooks,
+                    log=lambda r: run.log_metrics({"phase": "recovery", **r}))
+        masks = pruner.finalize() if pruner else None
+        metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        run.log_metrics({"phase": "recovery", "step": rec["steps"], "eval": metrics})
+        meta = {"task": spec.name, "label_names": list(labels), "multilabel": data["train"].multilabel,
+                "max_length": cfg.max_length, "base_model": cfg.model,
+                "pruning": pruning_meta(cfg, pruner, structured)}
+        save_pruned(run, model, tokenizer, masks, meta, {
+            "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
+            "dense_steps": dense["steps"], "recovery_steps": rec["steps"],
+            "train_seconds": round(time.time() - t0, 1), "metric": spec.metric,
+            "eval_dense": dense_metrics, "eval_pruned_before_recovery": before_recovery,
+            "eval": metrics, "structured": structured,
+            "prune_history": pruner.history if pruner else None})
+    return run.path
+
+
+def prune_pretrain(cfg: PruneConfig) -> Path:
+    """Continued masked-LM pre-training with pruning, then recovery; held-out MLM loss of the dense
+    model (same steps, same seed, same batches) beside the pruned one."""
+    from transformers import AutoModel
+
+    from compress.pruning.mlm import (
+        MaskedLMObjective,
+        build_mlm_model,
+        heldout_loss,
+        make_blocks,
+        mask_heldout,
+        read_corpus,
+        split_heldout,
+    )
+
+    lines = read_corpus(cfg.corpus)
+    train_lines, held_lines = split_heldout(lines, cfg.heldout_fraction)
+    model_dir = resolve_model(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
+    try:
+        encoder = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - one line for any loading failure
+        raise DataError(f"could not load encoder '{cfg.model}': {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:160] if str(exc) else ''}") from None
+    need = cfg.max_steps * cfg.batch_size if cfg.max_steps else None
+    blocks = make_blocks(tokenizer, train_lines, cfg.max_length, max_blocks=need)
+    held = mask_heldout(tokenizer, make_blocks(tokenizer, held_lines, cfg.max_length, cfg.heldout_blocks),
+                        cfg.seed, cfg.mlm_probability)
+    if not blocks or not held:
+        raise DataError(f"the corpus is too small: {len(blocks)} training and {len(held)} held-out "
+                        f"blocks of {cfg.max_length} tokens; add text or lower --max-length")
+    n_steps = total_steps(cfg, len(blocks))
+    dense_encoder = copy.deepcopy(encoder) if not cfg.no_dense_baseline else None
+    objective = MaskedLMObjective(build_mlm_model(encoder), tokenizer, cfg.mlm_probability)
+    pruner, hooks = None, []
+    if not cfg.structured:
+        pruner, hook = make_pruner(cfg, objective.mlm, model_dir, n_steps)
+        hooks = [hook]
+    with RunDir("prune", name=_name(cfg, "mlm"), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+        loss_before = heldout_loss(objective, tokenizer, held, cfg.eval_batch_size)
+        loss_dense = None
+        if dense_encoder is not None:
+            dense = MaskedLMObjective(build_mlm_model(dense_encoder), tokenizer, cfg.mlm_probability)
+            train(dense, tokenizer, blocks, cfg, [], log=lambda r: run.log_metrics({"phase": "dense", **r}))
+            loss_dense = heldout_loss(dense, tokenizer, held, cfg.eval_batch_size)
+            del dense, dense_encoder
+        structured = None
+        if cfg.structured:
+            structured = run_structured(encoder, cfg)
+            objective = MaskedLMObjective(build_mlm_model(encoder), tokenizer, cfg.mlm_probability)
+        result = train(objective, tokenizer, blocks, cfg, hooks,
+                       log=lambda r: run.log_metrics({"phase": "pruned", **r}))
+        masks = pruner.finalize() if pruner else None
+        loss_pruned = heldout_loss(objective, tokenizer, held, cfg.eval_batch_size)
+        mlm_loss = {"before": loss_before, "dense_after": loss_dense, "pruned_after": loss_pruned,
+                    "heldout_blocks": len(held),
+                    "heldout_tokens_scored": sum(sum(t != -100 for t in b["mlm_labels"]) for b in held),
+                    "note": "the MLM head is new (the packaged encoder has none), so 'before' is the "
+                            "loss of an untrained head"}
+        run.log_metrics({"step": result["steps"], "mlm_loss": mlm_loss})
+        meta = {"max_length": cfg.max_length, "base_model": cfg.model,
+                "pruning": pruning_meta(cfg, pruner, structured)}
+        save_pruned(run, encoder, tokenizer, masks, meta, {
+            "command": "prune", "stage": cfg.stage, "model": cfg.model,
+            "corpus": [str(c) for c in cfg.corpus], "train_blocks": len(blocks),
+            "steps": result["steps"], "train_seconds": round(time.time() - t0, 1),
+            "mlm_loss": mlm_loss, "structured": structured,
+            "prune_history": pruner.history if pruner else None})
+    return run.path
+
+
+STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune}
+
+
+def run_prune(cfg: PruneConfig) -> Path:
+    """Run the configured stage; returns the finished run folder."""
+    return STAGES[cfg.stage](cfg)

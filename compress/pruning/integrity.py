@@ -1,0 +1,83 @@
+"""Integrity of pruned models: masked weights must be exactly zero, after training, saving, loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from compress.errors import DataError, IntegrityError
+from compress.pruning.targets import named_weights
+
+MASKS_FILE = "masks.safetensors"
+
+
+@torch.no_grad()
+def regrown_counts(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Per tensor, how many weights are non-zero where the mask says pruned (only non-zero counts)."""
+    params = named_weights(model)
+    out = {}
+    for name in sorted(masks):
+        if name not in params:
+            raise IntegrityError(f"mask '{name}' names no parameter of the model (wrong model for "
+                                 "these masks?)")
+        p, m = params[name], masks[name]
+        if tuple(p.shape) != tuple(m.shape):
+            raise IntegrityError(f"mask '{name}' has shape {tuple(m.shape)} but the parameter has "
+                                 f"{tuple(p.shape)}")
+        n = int((p.detach()[~m.to(p.device)] != 0).sum())
+        if n:
+            out[name] = n
+    return out
+
+
+def check_masks(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> None:
+    """Raise IntegrityError naming each tensor with regrown weights and how many."""
+    bad = regrown_counts(model, masks)
+    if bad:
+        first = ", ".join(f"{n}: {c} regrown" for n, c in list(bad.items())[:3])
+        more = f" (and {len(bad) - 3} more tensors)" if len(bad) > 3 else ""
+        raise IntegrityError(f"{sum(bad.values())} pruned weights are non-zero: {first}{more}")
+
+
+def save_masks(masks: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({n: m.detach().to("cpu", torch.bool).contiguous() for n, m in masks.items()}, str(path))
+
+
+def load_masks(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise DataError(f"no masks at {path}; pass a run folder written by 'compress prune' (or "
+                        "'compress finetune' of a pruned model)")
+    return {n: t.bool() for n, t in load_file(str(path)).items()}
+
+
+def load_saved_model(model_dir: Path):
+    """Load a saved model with plain ``from_pretrained``: a classifier if it was fine-tuned on a task,
+    else the bare encoder."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    meta_file = model_dir / "compress.json"
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    cls = AutoModelForSequenceClassification if meta.get("label_names") else AutoModel
+    return cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+
+
+def verify_run(run: str | Path) -> dict:
+    """Reload ``RUN/model`` from disk and check every mask; returns counts for the report."""
+    run = Path(run)
+    model_dir = run / "model" if (run / "model").is_dir() else run
+    if not (model_dir / "config.json").is_file():
+        raise DataError(f"{run} is not a run folder with a saved model (no model/config.json); pass "
+                        "a folder written by 'compress prune'")
+    masks = load_masks(model_dir / MASKS_FILE)
+    model = load_saved_model(model_dir)
+    check_masks(model, masks)
+    pruned = sum(int((~m).sum()) for m in masks.values())
+    total = sum(m.numel() for m in masks.values())
+    return {"tensors": len(masks), "pruned": pruned, "total": total,
+            "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir)}

@@ -1,0 +1,189 @@
+"""Continued masked-LM pre-training: corpus reading, 15% masking (80/10/10), held-out MLM loss.
+
+The shared training loop (``compress.training.train``) collates classification features, so dynamic
+masking lives in ``MaskedLMObjective.forward``: the loop hands it plain token blocks and it masks them
+with transformers' ``DataCollatorForLanguageModeling`` (fresh masks at every step, as in BERT). The
+decoder runs only on the masked positions: a full 30522-way logit tensor for every token of a batch
+would cost ~0.5 GB on CPU for nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from compress.errors import DataError, ModelError
+
+TEXT_SUFFIXES = (".txt", ".raw", ".tokens")
+
+
+def corpus_files(paths: tuple[str, ...] | list[str]) -> list[Path]:
+    """Expand ``--corpus`` entries: files as given, folders to their text files (sorted, recursive)."""
+    if not paths:
+        raise DataError("--stage pretrain needs --corpus: a text file, several (a,b) or a folder of "
+                        f"{'/'.join(TEXT_SUFFIXES)} files (e.g. ../shared/data/wikitext2)")
+    files: list[Path] = []
+    for entry in paths:
+        p = Path(entry).expanduser()
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
+            if not found:
+                raise DataError(f"corpus folder {p} has no text files ({', '.join(TEXT_SUFFIXES)}); "
+                                "pass a folder holding some, or the files themselves")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise DataError(f"corpus not found: {p} (pass an existing file or folder to --corpus)")
+    return files
+
+
+def read_corpus(paths: tuple[str, ...] | list[str]) -> list[str]:
+    """Non-blank lines of every corpus file, in order."""
+    lines: list[str] = []
+    for f in corpus_files(paths):
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"corpus file {f} is not UTF-8 text") from None
+        lines.extend(ln.strip() for ln in text.splitlines() if ln.strip())
+    if not lines:
+        raise DataError(f"the corpus ({', '.join(paths)}) is empty: no non-blank line")
+    return lines
+
+
+def split_heldout(lines: list[str], fraction: float) -> tuple[list[str], list[str]]:
+    """(train, held-out): the held-out slice is the last ``fraction`` of the lines (at least one)."""
+    if len(lines) < 2:
+        raise DataError(f"the corpus has {len(lines)} non-blank line; need at least 2 (train + held-out)")
+    n_held = min(len(lines) - 1, max(1, math.ceil(len(lines) * fraction)))
+    return lines[:-n_held], lines[-n_held:]
+
+
+def make_blocks(tokenizer, lines: list[str], block_size: int, max_blocks: int | None = None) -> list[dict]:
+    """Concatenate the tokenized lines and cut ``[CLS] ... [SEP]`` blocks of ``block_size`` tokens.
+
+    Each block is a feature for the shared loop; ``labels`` is a placeholder (the objective masks)."""
+    body = block_size - 2
+    ids: list[int] = []
+    blocks = []
+    for start in range(0, len(lines), 2000):  # in chunks, so a step-limited run tokenizes only what it uses
+        enc = tokenizer(lines[start:start + 2000], add_special_tokens=False, verbose=False)["input_ids"]
+        for row in enc:
+            ids.extend(row)
+            while len(ids) >= body:
+                chunk, ids = ids[:body], ids[body:]
+                blocks.append(_block(tokenizer, chunk))
+                if max_blocks and len(blocks) >= max_blocks:
+                    return blocks
+    if ids and (not blocks or len(ids) >= 8):
+        blocks.append(_block(tokenizer, ids))
+    return blocks
+
+
+def _block(tokenizer, chunk: list[int]) -> dict:
+    ids = [tokenizer.cls_token_id, *chunk, tokenizer.sep_token_id]
+    return {"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids),
+            "labels": 0}
+
+
+def build_mlm_model(encoder):
+    """BertForMaskedLM around ``encoder`` (a BertModel, shared, pooler kept) with a fresh MLM head
+    whose decoder is tied to the encoder's word embeddings."""
+    from transformers import BertForMaskedLM, BertModel
+
+    if not isinstance(encoder, BertModel):
+        raise ModelError(f"--stage pretrain needs a BERT encoder, got {type(encoder).__name__}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # the same fresh head for the pruned and the dense-baseline model
+        mlm = BertForMaskedLM(encoder.config)
+    mlm.bert = encoder
+    mlm.cls.predictions.decoder.weight = encoder.embeddings.word_embeddings.weight
+    return mlm
+
+
+class MaskedLMObjective(torch.nn.Module):
+    """``forward(input_ids, attention_mask, token_type_ids, mlm_labels=None)`` -> ``.loss``.
+
+    Training (``mlm_labels`` None): masks ``input_ids`` with the collator (global RNG, seeded by the
+    loop). Evaluation: pass already-masked inputs and their ``mlm_labels`` (-100 = not scored).
+    """
+
+    def __init__(self, mlm_model, tokenizer, mlm_probability: float = 0.15):
+        super().__init__()
+        from transformers import DataCollatorForLanguageModeling
+
+        self.mlm = mlm_model
+        self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+        self.collator = DataCollatorForLanguageModeling(tokenizer, mlm=True,
+                                                        mlm_probability=mlm_probability)
+
+    def mask(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = input_ids.detach().cpu().clone()
+        special = torch.isin(ids, self.special_ids)
+        inputs, labels = self.collator.torch_mask_tokens(ids, special_tokens_mask=special)
+        return inputs.to(input_ids.device), labels.to(input_ids.device)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, mlm_labels=None):
+        if mlm_labels is None:
+            input_ids, mlm_labels = self.mask(input_ids)
+        hidden = self.mlm.bert(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+        scored = mlm_labels != -100
+        if not bool(scored.any()):
+            # No token drawn in this batch (tiny batches only): a zero loss that keeps the graph.
+            return _Out(hidden.sum() * 0.0, 0)
+        logits = self.mlm.cls(hidden[scored])
+        loss = torch.nn.functional.cross_entropy(logits.float(), mlm_labels[scored], reduction="mean")
+        return _Out(loss, int(scored.sum()))
+
+
+class _Out:
+    def __init__(self, loss, n_tokens):
+        self.loss, self.n_tokens = loss, n_tokens
+
+
+def mask_heldout(tokenizer, blocks: list[dict], seed: int, mlm_probability: float = 0.15) -> list[dict]:
+    """Mask the held-out blocks once with a seeded generator, so every model is scored on the same
+    inputs."""
+    from transformers import DataCollatorForLanguageModeling
+
+    coll = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
+                                           seed=seed)
+    coll.generator = torch.Generator().manual_seed(seed)
+    special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+    out = []
+    for b in blocks:
+        ids = torch.tensor([b["input_ids"]])
+        inputs, labels = coll.torch_mask_tokens(ids.clone(), special_tokens_mask=torch.isin(ids, special_ids))
+        out.append({**b, "input_ids": inputs[0].tolist(), "mlm_labels": labels[0].tolist()})
+    return out
+
+
+@torch.no_grad()
+def heldout_loss(objective: MaskedLMObjective, tokenizer, masked_blocks: list[dict],
+                 batch_size: int = 32) -> float:
+    """Mean cross-entropy over all scored tokens of the held-out blocks (token-weighted)."""
+    was_training = objective.training
+    objective.eval()
+    device = next(objective.parameters()).device
+    total, count = 0.0, 0
+    for i in range(0, len(masked_blocks), batch_size):
+        rows = masked_blocks[i:i + batch_size]
+        width = max(len(r["input_ids"]) for r in rows)
+
+        def pad(key, fill, rows=rows, width=width):
+            return torch.tensor([r[key] + [fill] * (width - len(r[key])) for r in rows], device=device)
+
+        out = objective(pad("input_ids", tokenizer.pad_token_id), pad("attention_mask", 0),
+                        pad("token_type_ids", 0), mlm_labels=pad("mlm_labels", -100))
+        if out.n_tokens:
+            total += float(out.loss) * out.n_tokens
+            count += out.n_tokens
+    objective.train(was_training)
+    if count == 0:
+        raise DataError("the held-out slice has no maskable token; use a larger corpus or "
+                        "--heldout-fraction")
+    return total / count

@@ -1,0 +1,243 @@
+"""The stateful pruner and the training hooks that drive it.
+
+``MagnitudePruner`` owns the masks of a set of parameters and follows a strict lifecycle:
+``initialize()`` -> ``step(t)`` after each optimizer step (masks are recomputed on the schedule's
+pruning steps and re-applied on every step) -> ``finalize()``. Calling these out of order raises
+``PrunerStateError``. Pre-training and fine-tuning use the same pruner with different configs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from compress.distributed import assert_same_across_ranks, tensor_checksum
+from compress.errors import UsageError
+from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, save_masks
+from compress.pruning.masks import get_criterion, get_scope
+from compress.pruning.schedules import Schedule
+from compress.pruning.targets import named_weights
+from compress.training import TrainHook
+
+
+class PrunerStateError(RuntimeError):
+    """A pruner method was called out of order (a programming error, not a user error)."""
+
+
+@torch.no_grad()
+def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> None:
+    """Zero every masked entry in place (+0.0, so the stored bits are the same every time)."""
+    for name, m in masks.items():
+        params[name].masked_fill_(~m, 0.0)
+
+
+class MagnitudePruner:
+    """Unstructured pruning of ``params`` (canonical name -> parameter) on ``schedule``.
+
+    ``initial_masks`` (e.g. from an already pruned model) stay pruned: masks only ever shrink.
+    """
+
+    def __init__(self, params: dict[str, torch.nn.Parameter], schedule: Schedule,
+                 criterion: str = "magnitude", scope: str = "local", seed: int = 0,
+                 initial_masks: dict[str, torch.Tensor] | None = None):
+        self.params = dict(sorted(params.items()))
+        self.schedule = schedule
+        self.criterion_name, self.scope_name = criterion, scope
+        self._criterion = get_criterion(criterion)
+        self._scope = get_scope(scope)
+        self.seed = seed
+        self.initial_masks = initial_masks or {}
+        self.masks: dict[str, torch.Tensor] = {}
+        self.phase = "new"
+        self.last_pruned_step: int | None = None
+        self.history: list[dict] = []
+        self._fixed_scores: dict[str, torch.Tensor] | None = None
+
+    # lifecycle -------------------------------------------------------------------------------
+    def initialize(self) -> None:
+        if self.phase != "new":
+            raise PrunerStateError(f"initialize() called twice (pruner is {self.phase})")
+        self.masks = {n: torch.ones_like(p, dtype=torch.bool) for n, p in self.params.items()}
+        for n, m in self.initial_masks.items():
+            if n in self.masks:
+                self.masks[n] &= m.to(self.masks[n].device)
+        if self.criterion_name == "random":
+            # Drawn once in sorted-name order from one seeded generator: the same on every rank,
+            # and nested across gradual steps.
+            g = torch.Generator().manual_seed(self.seed)
+            self._fixed_scores = {n: self._criterion(p, g) for n, p in self.params.items()}
+        self.phase = "active"
+        if self.schedule.is_prune_step(0):
+            self._prune(0)
+        self.apply_masks()
+
+    def step(self, step: int) -> None:
+        """Call after optimizer step ``step`` (1-based): prune if scheduled, then re-apply masks."""
+        if self.phase != "active":
+            raise PrunerStateError(f"step() needs an initialized, unfinished pruner (it is {self.phase})")
+        if self.schedule.is_prune_step(step) and (self.last_pruned_step is None
+                                                  or step > self.last_pruned_step):
+            self._prune(step)
+        self.apply_masks()
+
+    def apply_masks(self) -> None:
+        if self.phase == "new":
+            raise PrunerStateError("apply_masks() before initialize()")
+        apply_masks(self.params, self.masks)
+
+    def finalize(self) -> dict[str, torch.Tensor]:
+        """Fix the masks. If training ended before the schedule did, prune to the final sparsity
+        now (recorded in ``history`` as ``at_finalize``), so the output has the requested sparsity."""
+        if self.phase != "active":
+            raise PrunerStateError(f"finalize() needs an initialized, unfinished pruner (it is {self.phase})")
+        if self.last_pruned_step is None or self.last_pruned_step < self.schedule.end_step:
+            self._prune(self.schedule.end_step, at_finalize=True)
+        self.apply_masks()
+        self.phase = "final"
+        return {n: m.detach().cpu() for n, m in self.masks.items()}
+
+    # internals -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _prune(self, step: int, at_finalize: bool = False) -> None:
+        target = self.schedule.sparsity_at(step)
+        g = torch.Generator().manual_seed(self.seed)
+        scores = {}
+        for n, p in self.params.items():
+            s = self._fixed_scores[n].clone() if self._fixed_scores is not None else self._criterion(p, g)
+            s[~self.masks[n]] = float("-inf")  # already pruned goes first: masks are nested
+            scores[n] = s
+        new = self._scope(scores, target)
+        self.masks = {n: new[n].to(self.masks[n].device) & self.masks[n] for n in self.params}
+        assert_same_across_ranks(tensor_checksum(self.masks), f"pruning masks at step {step}")
+        self.last_pruned_step = step
+        pruned = sum(int((~m).sum()) for m in self.masks.values())
+        total = sum(m.numel() for m in self.masks.values())
+        self.history.append({"step": step, "target": round(target, 6), "sparsity": pruned / total,
+                             **({"at_finalize": True} if at_finalize else {})})
+
+    def state_dict(self) -> dict:
+        return {"masks": {n: m.cpu() for n, m in self.masks.items()}, "phase": self.phase,
+                "last_pruned_step": -1 if self.last_pruned_step is None else self.last_pruned_step,
+                "history": json.dumps(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.masks = {n: state["masks"][n].to(self.masks[n].device if n in self.masks else "cpu")
+                      for n in self.params}
+        self.phase = state["phase"]
+        last = int(state["last_pruned_step"])
+        self.last_pruned_step = None if last < 0 else last
+        self.history = json.loads(state["history"])
+        self.apply_masks()
+
+
+class PruningHook(TrainHook):
+    """Drives a ``MagnitudePruner`` from the training loop and checks ``module`` after each step."""
+
+    def __init__(self, pruner: MagnitudePruner, module: torch.nn.Module, check: bool = True):
+        self.pruner, self.module, self.check = pruner, module, check
+
+    def on_train_begin(self, model, total_steps: int) -> None:
+        if self.pruner.phase == "new":
+            self.pruner.initialize()
+
+    def on_step_end(self, model, step: int) -> None:
+        self.pruner.step(step)
+        if self.check:
+            check_masks(self.module, self.pruner.masks)
+
+    def state_dict(self) -> dict:
+        return self.pruner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pruner.load_state_dict(state)
+
+
+class KeepMasksHook(TrainHook):
+    """Fine-tuning a pruned model: re-apply its fixed masks after every optimizer step.
+
+    AdamW's moments and weight decay would move pruned weights off zero; zeroing them after each
+    step keeps the zero pattern bit-identical. ``save`` writes the masks beside the saved model.
+    """
+
+    def __init__(self, module: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict):
+        self.module, self.meta = module, meta
+        params = named_weights(module)
+        self.params = {n: params[n] for n in masks}
+        self.masks = {n: m.to(self.params[n].device) for n, m in masks.items()}
+
+    def on_train_begin(self, model, total_steps: int) -> None:
+        apply_masks(self.params, self.masks)
+
+    def on_step_end(self, model, step: int) -> None:
+        apply_masks(self.params, self.masks)
+        check_masks(self.module, self.masks)
+
+    def save(self, run_path: Path) -> None:
+        model_dir = Path(run_path) / "model"
+        save_masks(self.masks, model_dir / MASKS_FILE)
+        _add_meta(model_dir, {"pruning": {**self.meta, "kept_masks": True}})
+        from compress.pruning.integrity import load_saved_model
+
+        check_masks(load_saved_model(model_dir), self.masks)
+
+
+class InformationDeletionHook(TrainHook):
+    """The paper's control: zero the pruned weights once, then let them regrow (no masks kept)."""
+
+    def __init__(self, module: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict):
+        params = named_weights(module)
+        self.params = {n: params[n] for n in masks}
+        self.masks = {n: m.to(self.params[n].device) for n, m in masks.items()}
+        self.meta = meta
+        self.applied = False
+
+    def on_train_begin(self, model, total_steps: int) -> None:
+        if not self.applied:
+            apply_masks(self.params, self.masks)
+            self.applied = True
+
+    def save(self, run_path: Path) -> None:
+        _add_meta(Path(run_path) / "model", {"information_deletion": {**self.meta}})
+
+
+def _add_meta(model_dir: Path, extra: dict) -> None:
+    f = model_dir / "compress.json"
+    meta = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+    meta.update(extra)
+    f.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def matching_masks(module: torch.nn.Module, masks: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
+    """The masks whose parameter exists with the same shape (a fresh task head drops out)."""
+    params = named_weights(module)
+    keep, dropped = {}, []
+    for n, m in masks.items():
+        if n in params and tuple(params[n].shape) == tuple(m.shape):
+            keep[n] = m
+        else:
+            dropped.append(n)
+    return keep, dropped
+
+
+def saved_mask_hooks(module: torch.nn.Module, model_dir: str | Path,
+                     information_deletion: bool = False) -> list[TrainHook]:
+    """Hooks for fine-tuning the model saved in ``model_dir``: keep its masks (default), or with
+    ``information_deletion`` zero the same weights once and let them regrow. [] for a dense model."""
+    model_dir = Path(model_dir)
+    has_masks = (model_dir / MASKS_FILE).is_file()
+    if not has_masks:
+        if information_deletion:
+            raise UsageError(f"--information-deletion needs a pruned model, but {model_dir} has no "
+                             f"{MASKS_FILE}; pass a run folder written by 'compress prune'")
+        return []
+    masks, dropped = matching_masks(module, load_masks(model_dir / MASKS_FILE))
+    meta_file = model_dir / "compress.json"
+    saved = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    meta = {**saved.get("pruning", {}), "masks_from": str(model_dir)}
+    if dropped:
+        meta["dropped_masks"] = dropped
+    if information_deletion:
+        return [InformationDeletionHook(module, masks, meta)]
+    return [KeepMasksHook(module, masks, meta)]

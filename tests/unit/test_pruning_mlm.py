@@ -1,0 +1,121 @@
+"""Masked-LM pieces: corpus reading, blocks, 15% / 80-10-10 masking, tied head, held-out loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from compress.errors import DataError
+from compress.models import packaged_model_path
+from compress.pruning.mlm import (
+    MaskedLMObjective,
+    build_mlm_model,
+    corpus_files,
+    heldout_loss,
+    make_blocks,
+    mask_heldout,
+    read_corpus,
+    split_heldout,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
+
+
+def test_corpus_files_and_errors(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "b.raw").write_text("second file\n")
+    (d / "a.txt").write_text("first line\n\n  \nsecond line\n")
+    (d / "skip.json").write_text("{}")
+    assert [f.name for f in corpus_files([str(d)])] == ["a.txt", "b.raw"]
+    assert read_corpus([str(d)]) == ["first line", "second line", "second file"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "x.csv").write_text("a,b")
+    with pytest.raises(DataError, match="corpus folder .* has no text files"):
+        read_corpus([str(empty)])
+    (empty / "blank.txt").write_text("\n   \n")
+    with pytest.raises(DataError, match="is empty"):
+        read_corpus([str(empty)])
+    with pytest.raises(DataError, match="corpus not found"):
+        read_corpus([str(tmp_path / "nope.txt")])
+    with pytest.raises(DataError, match="needs --corpus"):
+        read_corpus([])
+
+
+def test_split_heldout_is_the_tail():
+    lines = [str(i) for i in range(100)]
+    tr, ho = split_heldout(lines, 0.05)
+    assert ho == ["95", "96", "97", "98", "99"] and tr == lines[:95]
+    tr, ho = split_heldout(["a", "b"], 0.05)
+    assert (tr, ho) == (["a"], ["b"])
+
+
+def test_blocks_concatenate_in_order(tok):
+    lines = ["the cat sat on the mat"] * 30
+    blocks = make_blocks(tok, lines, block_size=16)
+    flat = [t for b in blocks for t in b["input_ids"][1:-1]]
+    assert flat == tok(" ".join(lines), add_special_tokens=False)["input_ids"][:len(flat)]
+    assert all(b["input_ids"][0] == tok.cls_token_id and b["input_ids"][-1] == tok.sep_token_id
+               for b in blocks)
+    assert all(len(b["input_ids"]) == 16 for b in blocks[:-1])
+    assert len(make_blocks(tok, lines, 16, max_blocks=3)) == 3
+
+
+def test_masking_rates_15_percent_80_10_10(tok):
+    lines = [f"sentence number {i} talks about rivers , hills and the sea ." for i in range(600)]
+    blocks = make_blocks(tok, lines, block_size=64)
+    masked = mask_heldout(tok, blocks, seed=0)
+    n_tok = sel = as_mask = unchanged = 0
+    for b, m in zip(blocks, masked):
+        for orig, new, lab in zip(b["input_ids"][1:-1], m["input_ids"][1:-1], m["mlm_labels"][1:-1]):
+            n_tok += 1
+            if lab != -100:
+                sel += 1
+                assert lab == orig
+                as_mask += new == tok.mask_token_id
+                unchanged += new == orig
+            else:
+                assert new == orig
+        assert m["mlm_labels"][0] == -100 and m["mlm_labels"][-1] == -100  # [CLS]/[SEP] never
+    assert n_tok > 5000
+    assert abs(sel / n_tok - 0.15) < 0.015
+    assert abs(as_mask / sel - 0.8) < 0.04
+    assert abs(unchanged / sel - 0.1) < 0.03
+    assert mask_heldout(tok, blocks, seed=0) == masked  # the same inputs for every model scored
+
+
+def test_mlm_head_is_fresh_and_tied(tok):
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32)
+    enc = BertModel(cfg)
+    mlm = build_mlm_model(enc)
+    assert mlm.bert is enc and enc.pooler is not None
+    assert mlm.cls.predictions.decoder.weight is enc.embeddings.word_embeddings.weight
+    names = [n for n, _ in mlm.named_parameters()]
+    assert "bert.embeddings.word_embeddings.weight" in names
+    assert not any("decoder.weight" in n for n in names)  # tied: one parameter
+    # the same fresh head every time (dense baseline and pruned run start alike)
+    h2 = build_mlm_model(BertModel(cfg)).cls.predictions.transform.dense.weight
+    assert torch.equal(mlm.cls.predictions.transform.dense.weight, h2)
+
+
+def test_heldout_loss_untrained_head_near_uniform_and_training_masks_vary(tok):
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32)
+    torch.manual_seed(0)
+    obj = MaskedLMObjective(build_mlm_model(BertModel(cfg)), tok)
+    held = mask_heldout(tok, make_blocks(tok, ["a quiet river runs past the old mill"] * 40, 32), seed=1)
+    loss = heldout_loss(obj, tok, held, batch_size=4)
+    assert loss == pytest.approx(heldout_loss(obj, tok, held, batch_size=8), rel=1e-5)  # batch-independent
+    assert abs(loss - math.log(tok.vocab_size)) < 1.0  # random head: close to uniform
+    ids = torch.tensor([held[0]["input_ids"]] * 4)
+    a, _ = obj.mask(ids)
+    b, _ = obj.mask(ids)
+    assert not torch.equal(a, b)  # dynamic masking: fresh masks per step
