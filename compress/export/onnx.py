@@ -72,7 +72,8 @@ def _load_student_folder(folder: Path) -> LoadedModel | None:
     if not (folder / STUDENT_FILE).is_file() and not (folder / "student" / STUDENT_FILE).is_file():
         return None
     model, info = load_student(folder)
-    return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(folder), info)
+    where = folder / "student" if (folder / "student" / STUDENT_FILE).is_file() else folder
+    return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(where), info)
 
 
 def load_torch_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
@@ -402,6 +403,19 @@ def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
     return m
 
 
+def _tokenizer_for(loaded: LoadedModel):
+    """The tokenizer saved beside the model (students keep the teacher's WordPiece one)."""
+    from transformers import AutoTokenizer
+
+    if not loaded.path:
+        raise UsageError("--task accuracy needs a model folder that holds its tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(loaded.path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"no tokenizer in {loaded.path} for --task accuracy "
+                         f"({type(exc).__name__})") from None
+
+
 def run_export(cfg: ExportConfig) -> dict[str, Any]:
     """Export ``cfg.model`` to ``cfg.to`` with parity checks; returns (and writes) the report.
 
@@ -453,12 +467,8 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
                                              "on logits (dynamic quantization rounds activations)")
             final = q
         if task_data is not None:
-            from compress.models import load_tokenizer
-
             spec, data = task_data
-            tok = load_tokenizer(loaded.path) if loaded.path else None
-            if tok is None:
-                raise UsageError("--task accuracy needs a model folder with a tokenizer")
+            tok = _tokenizer_for(loaded)
             max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
             acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len, provider=provider)}
             if cfg.quantize == "int8":

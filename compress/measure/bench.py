@@ -11,6 +11,7 @@ for int8 files the fp32 model's FLOPs, i.e. "equivalent" GFLOP/s).
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,13 +180,24 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                         rows.append(row)
                         run.log_metrics(row)
         _add_ratios(rows)
+        load = _load_average()
         result = {"provider": provider, "device": device, "threads": threads, "matmul_peak": peak,
+                  "load_average_1min": load, "cpu_count": os.cpu_count(),
                   "vnni": vnni, "models": models_info, "rows": rows,
                   "baseline": f"{rows[0]['model']} ({rows[0]['runtime']})" if rows else None}
         write_json(run.path / "bench.json", result)
         (run.path / "bench.txt").write_text(format_bench(result) + "\n", encoding="utf-8")
     result["run_dir"] = str(run.path)
     return result
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average: other processes competing for the cores distort CPU timings
+    (torch's intra-op threads are hit hardest), so it is recorded and warned about."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _validate_model_path(path: str) -> None:
@@ -272,6 +284,10 @@ def format_bench(result: dict[str, Any]) -> str:
         lines.append(f"{r['model'][:28]:<28} {r['runtime']:<7} {r['batch']:>5} {r['seq_len']:>5} "
                      f"{r['mean_ms']:9.2f} {r['median_ms']:9.2f} {r['p90_ms']:9.2f} {r['throughput']:9.1f} "
                      f"{ratio} {gtxt} {ptxt}")
+    load, cores = result.get("load_average_1min"), result.get("cpu_count")
+    if load is not None and cores and load > cores:
+        lines.append(f"warning: load average {load:.1f} > {cores} cores while timing: other processes "
+                     "competed for the CPU; these timings are unreliable")
     lines.append("will it be faster?")
     for m in result["models"]:
         v = m["verdict"]

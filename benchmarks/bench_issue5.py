@@ -1,0 +1,207 @@
+"""Issue 5 benchmark: is compression really faster? Export, optimize, quantize and time in one run.
+
+Given the models (paths), this script does everything itself:
+
+1. exports MiniLM to ONNX fp32 optimized (attention fused) and int8 (optimized + dynamic int8),
+   the structured-pruned MiniLM to optimized int8, and each student to ONNX fp32, every export
+   with its parity check (``compress export``'s library function);
+2. on --task, reports dev-set accuracy of each exported model (fp32 and int8);
+3. times, in one process and run, MiniLM PyTorch fp32 (baseline) and every ONNX model at batch
+   32 x length 128 and batch 1 x 128 (``compress bench``'s library function);
+4. writes ``artifacts/bench/issue5-<time>.json`` with the table, the throughput ratios against the
+   issue's targets, the accuracies, fused-op counts and the machine (matmul peak, VNNI).
+
+Example (the lead's full run)::
+
+    python benchmarks/bench_issue5.py --minilm artifacts/finetune/SST2 \\
+        --structured artifacts/prune/STRUCT40 --bilstm artifacts/distill/BILSTM \\
+        --kimcnn artifacts/distill/KIMCNN --logreg artifacts/distill/LR \\
+        --task sst2 --data-dir ../shared/data
+
+A quick sanity run on MiniLM alone::
+
+    python benchmarks/bench_issue5.py --minilm minilm --iterations 3 --warmup 1
+
+``--make-structured 0.4`` prunes MiniLM structurally here when no fine-tuned structured model is
+given (speed only: such a model is not fine-tuned, so its accuracy is not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# throughput targets vs the PyTorch fp32 baseline at batch 32 x 128 (issue 5)
+TARGETS = {
+    "MiniLM ORT fp32 optimized": 1.0,
+    "MiniLM ORT int8": 1.5,
+    "MiniLM structured ORT int8": 2.0,
+    "KD-BiLSTM ORT": 6.0,
+    "KD-KimCNN ORT": 12.0,
+    "KD-LR ORT": 100.0,
+}
+BASELINE = "MiniLM torch fp32"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--minilm", default="minilm", help="MiniLM (fine-tuned run folder for accuracy)")
+    p.add_argument("--structured", help="structured-pruned (and fine-tuned) MiniLM folder")
+    p.add_argument("--make-structured", type=float, metavar="SPARSITY",
+                   help="prune --minilm structurally here when --structured is not given")
+    p.add_argument("--bilstm", help="KD-BiLSTM student folder")
+    p.add_argument("--kimcnn", help="KD-KimCNN student folder")
+    p.add_argument("--logreg", help="KD-LR student folder")
+    p.add_argument("--task", help="task for dev-set accuracy (e.g. sst2)")
+    p.add_argument("--data-dir", help="data folder of --task")
+    p.add_argument("--eval-limit", type=int, help="first N dev examples only")
+    p.add_argument("--batch-sizes", default="32,1")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--provider", default="auto")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: torch's)")
+    p.add_argument("--out", default="artifacts/bench", help="folder for the JSON and the ONNX files")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from compress.errors import CompressError
+
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except CompressError as exc:
+        print(f"bench_issue5: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _export(name: str, model: str, work: Path, args, optimize: bool, int8: bool, accuracy: bool) -> dict:
+    from compress.export.onnx import ExportConfig, run_export
+
+    cfg = ExportConfig(model=model, to=str(work / f"{name}.onnx"), optimize=optimize,
+                       quantize="int8" if int8 else None, provider=args.provider,
+                       task=args.task if accuracy else None, data_dir=args.data_dir,
+                       eval_limit=args.eval_limit)
+    t0 = time.time()
+    report = run_export(cfg)
+    report["seconds"] = round(time.time() - t0, 1)
+    fused = report.get("fused_ops", {})
+    acc = report.get("accuracy", {})
+    print(f"  {name}: parity ok; fused {fused or '-'}; "
+          + ", ".join(f"{k} {acc[k]['score']:.4f}" for k in ("fp32", "int8") if k in acc), flush=True)
+    return report
+
+
+def _make_structured(src: str, sparsity: float, folder: Path) -> dict:
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.models import load_tokenizer, read_meta, resolve_model, save_model
+    from compress.pruning.structured import prune_structured
+
+    path = resolve_model(src)
+    meta = read_meta(path)
+    kwargs = {} if "label_names" in meta else {"num_labels": 2}
+    model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs).eval()
+    info = prune_structured(model, sparsity)
+    save_model(model, load_tokenizer(src), folder, {**meta, "structured": info, "fine_tuned_after": False})
+    return info
+
+
+def _has_labels(spec: str) -> bool:
+    from compress.models import read_meta, resolve_model
+
+    p = Path(spec)
+    if (p / "student.json").is_file() or (p / "student" / "student.json").is_file():
+        return True
+    return "label_names" in read_meta(resolve_model(spec))
+
+
+def run(args) -> int:
+    from compress.measure.bench import BenchConfig, format_bench, run_bench
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    work = out / f"issue5-{stamp}-onnx"
+    work.mkdir()
+    batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+    summary: dict = {"args": vars(args), "exports": {}, "notes": []}
+    accuracy = bool(args.task)
+
+    structured = args.structured
+    if structured is None and args.make_structured:
+        print(f"pruning {args.minilm} structurally at {args.make_structured} (not fine-tuned)", flush=True)
+        structured = str(work / "structured-model")
+        summary["structured_pruning"] = _make_structured(args.minilm, args.make_structured,
+                                                         Path(structured))
+        summary["notes"].append("structured model pruned here without fine-tuning: speed only")
+
+    print("exporting (each with its parity check) ...", flush=True)
+    onnx_models: list[tuple[str, str]] = []
+
+    def add(name: str, spec: str, label: str, optimize: bool, int8: bool, acc: bool) -> None:
+        summary["exports"][name] = _export(name, spec, work, args, optimize, int8, acc)
+        onnx_models.append((label, str(work / f"{name}.onnx")))
+
+    minilm_acc = accuracy and _has_labels(args.minilm)
+    if accuracy and not minilm_acc:
+        summary["notes"].append(f"{args.minilm} has no fine-tuned labels: no accuracy for it")
+    add("minilm-fp32-opt", args.minilm, "MiniLM ORT fp32 optimized", True, False, False)
+    add("minilm-int8", args.minilm, "MiniLM ORT int8", True, True, minilm_acc)
+    if structured:
+        acc = accuracy and args.structured is not None and _has_labels(structured)
+        add("structured-int8", structured, "MiniLM structured ORT int8", True, True, acc)
+    for flag, label in (("bilstm", "KD-BiLSTM ORT"), ("kimcnn", "KD-KimCNN ORT"), ("logreg", "KD-LR ORT")):
+        spec = getattr(args, flag)
+        if spec:
+            add(flag, spec, label, False, False, accuracy)
+
+    print(f"timing batch sizes {batch_sizes} x length {args.seq_len} ...", flush=True)
+    cfg = BenchConfig(models=(f"{BASELINE}={args.minilm}", *(f"{lab}={p}" for lab, p in onnx_models)),
+                      batch_sizes=batch_sizes, seq_lens=(args.seq_len,), warmup=args.warmup,
+                      iterations=args.iterations, runtimes=("torch",), provider=args.provider,
+                      threads=args.threads, name="issue5", out=str(out / f"issue5-{stamp}-bench"))
+    result = run_bench(cfg)
+    print(format_bench(result))
+    summary["bench"] = result
+
+    targets = []
+    ref_batch = 32 if 32 in batch_sizes else batch_sizes[0]
+    for row in result["rows"]:
+        if row["batch"] != ref_batch or row["model"] not in TARGETS:
+            continue
+        goal = TARGETS[row["model"]]
+        targets.append({"model": row["model"], "batch": row["batch"], "seq_len": row["seq_len"],
+                        "vs_baseline": row["vs_baseline"], "target": goal,
+                        "met": row["vs_baseline"] is not None and row["vs_baseline"] >= goal})
+    summary["targets"] = targets
+    accs = {k: v["accuracy"] for k, v in summary["exports"].items() if "accuracy" in v}
+    summary["accuracy"] = accs
+    if "minilm-int8" in accs and "structured-int8" in accs:
+        dense = accs["minilm-int8"]["fp32"]["score"]
+        summary["structured_vs_dense_points"] = {
+            p: round(100 * (accs["structured-int8"][p]["score"] - dense), 2) for p in ("fp32", "int8")}
+    print(f"\nthroughput vs {BASELINE} at batch {ref_batch} x {args.seq_len} (targets from issue 5):")
+    for t in targets:
+        ratio = "-" if t["vs_baseline"] is None else f"{t['vs_baseline']:.2f}x"
+        met = "met" if t["met"] else "NOT met"
+        print(f"  {t['model']:<30} {ratio:>8}  target >= {t['target']:g}x  {met}")
+    for name, a in accs.items():
+        scores = ", ".join(f"{k} {a[k]['score']:.4f}" for k in ("fp32", "int8") if k in a)
+        print(f"  accuracy {name}: {scores}")
+    if "structured_vs_dense_points" in summary:
+        print(f"  structured vs dense fp32 (points): {summary['structured_vs_dense_points']}")
+    path = out / f"issue5-{stamp}.json"
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"-> {path} (bench run folder {result['run_dir']}, ONNX files in {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
