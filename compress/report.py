@@ -6,8 +6,10 @@ metric against pre-training loss with its linear fit (Gordon et al. Figure 2 lef
 feature similarity of pruned and dense pre-trained models (Figure 2 right), mask difference
 between pre-training and downstream pruning (Figure 3), movement in the magnitude sort order
 during fine-tuning (Table 2), per-head sparsity (Figure 4 left) and the Pareto front of metric
-against non-zero weights (and latency where a run has ``bench.json``). A single run folder gets
-its summary, sparsity tables, training-loss curve and per-head sparsity.
+against non-zero weights and effective FLOPs. A pipeline folder (``pipeline.json``: docbert,
+export-bench) gets the distillation table (params / FLOPs / latency / metric) and the BiLSTM
+hidden-size curve. A single run folder gets its summary, sparsity tables, training-loss curve and
+per-head sparsity.
 
 Everything is read from run-folder files; the numbers come from ``compress.analysis``. Plots and
 CSVs go to ``<dir>/report/``, report.md to ``<dir>/report.md`` (rewritten on every call).
@@ -65,9 +67,17 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _save_fig(fig, path: Path) -> None:
+    """Save as PNG; the axis labels also go into the file's text chunks (``x-axis``, ``y-axis``)
+    so a reader (and the tests) can check every plot says what its axes measure."""
+    from matplotlib.ticker import MaxNLocator
+
     path.parent.mkdir(parents=True, exist_ok=True)
+    ax = fig.axes[0]
+    if "layer" in ax.get_xlabel():
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"x-axis": ax.get_xlabel(), "y-axis": ax.get_ylabel(),
+                                         "Title": ax.get_title()})
     _plt().close(fig)
 
 
@@ -79,11 +89,14 @@ def write_report(path: str | Path) -> Path:
                         "folder (with summary.json)")
     if (root / "sweep.json").is_file():
         text = _sweep_report(root)
+    elif (root / "pipeline.json").is_file():
+        text = _pipeline_report(root)
     elif (root / "summary.json").is_file():
         text = _run_report(root)
     else:
-        raise DataError(f"{root} has neither sweep.json nor summary.json; pass a finished sweep or "
-                        "run folder (an interrupted run is a .tmp-* folder with no summary.json)")
+        raise DataError(f"{root} has no sweep.json, pipeline.json or summary.json; pass a finished "
+                        "sweep, pipeline or run folder (an interrupted run is a .tmp-* folder with no "
+                        "summary.json)")
     out = root / "report.md"
     write_text_atomic(out, text)
     return out
@@ -426,14 +439,39 @@ def _nonzero_params(model_dir: Path) -> int | None:
     return int(sum(int((t != 0).sum()) for t in load_file(str(f)).values()))
 
 
-def _latency_ms(run: Path) -> float | None:
-    bench = _read_json(run / "bench.json")
-    if not bench:
+def _latency_ms(bench: dict | None, label: str | None = None) -> float | None:
+    """Median latency (ms) of the smallest batch in a ``compress bench`` result, for ``label``
+    (default: the first model), preferring the torch runtime."""
+    rows = [r for r in (bench or {}).get("rows", []) if label is None or r.get("model") == label]
+    if not rows:
         return None
-    for key in ("median_ms", "latency_ms"):
-        if isinstance(bench.get(key), (int, float)):
-            return float(bench[key])
-    return None
+    label = label or rows[0].get("model")
+    rows = [r for r in rows if r.get("model") == label]
+    rows.sort(key=lambda r: (r.get("batch", 0), r.get("runtime") != "torch", r.get("seq_len", 0)))
+    v = rows[0].get("median_ms")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _effective_flops(measure: dict | None) -> float | None:
+    v = ((measure or {}).get("flops") or {}).get("effective_flops")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _front_plot(ms: list[dict], key: str, scale: float, xlabel: str, title: str, path: Path) -> list[int]:
+    front = A.pareto_front([(m[key], m["score"]) for m in ms])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter([m[key] / scale for m in ms], [100 * m["score"] for m in ms], color="grey", label="models")
+    fr = [ms[i] for i in front]
+    ax.plot([m[key] / scale for m in fr], [100 * m["score"] for m in fr], color="red", marker="o",
+            label="Pareto front")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("dev metric (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save_fig(fig, path)
+    return front
 
 
 def _section_pareto(root: Path, data, out_dir: Path) -> list[str]:
@@ -444,44 +482,114 @@ def _section_pareto(root: Path, data, out_dir: Path) -> list[str]:
         nz = _nonzero_params(root / r["cell"] / "model")
         if nz is None:
             continue
-        models[r["cell"]] = {"cell": r["cell"], "task": r["task"], "score": r["score"],
-                             "nonzero": nz, "latency_ms": _latency_ms(root / r["cell"])}
+        measure = _read_json(root / "measure" / f"{r['cell']}.json")
+        models[r["cell"]] = {"cell": r["cell"], "task": r["task"], "score": r["score"], "nonzero": nz,
+                             "flops": _effective_flops(measure)}
     if not models:
         return []
-    md = ["## Pareto front: dev metric vs non-zero weights", "",
-          "Non-zero parameters stand in for compute: unstructured zeros save FLOPs only on sparse "
-          "kernels, so dense-kernel latency does not fall with sparsity. Latency is used where a "
-          "cell holds bench.json (from `compress bench`). CSV: [report/pareto.csv](report/pareto.csv).", ""]
+    md = ["## Pareto front: dev metric vs non-zero weights and FLOPs", "",
+          "Non-zero parameters are counted in each model's weights. Effective FLOPs (sparsity-aware, "
+          "FLOPs = 2 x multiply-adds, one example) come from `compress measure` where the pipeline "
+          "ran it (measure/). Unstructured zeros save time only on sparse kernels, so dense-kernel "
+          "latency does not fall with sparsity and is not plotted here. CSV: "
+          "[report/pareto.csv](report/pareto.csv).", ""]
     csv_rows = []
-    plt = _plt()
     for task in sorted({m["task"] for m in models.values()}):
-        ms = [m for m in models.values() if m["task"] == task]
-        front = set(A.pareto_front([(m["nonzero"], m["score"]) for m in ms]))
+        ms = sorted((m for m in models.values() if m["task"] == task), key=lambda m: m["cell"])
+        front = set(_front_plot(ms, "nonzero", 1e6, "non-zero parameters (millions)",
+                                f"{task}: metric vs non-zero parameters", out_dir / f"pareto_{task}.png"))
+        with_flops = [m for m in ms if m["flops"] is not None]
+        flops_front: set[int] = set()
+        if with_flops:
+            idx = _front_plot(with_flops, "flops", 1e9, "effective GFLOPs per example (sparsity-aware)",
+                              f"{task}: metric vs effective FLOPs", out_dir / f"pareto_flops_{task}.png")
+            flops_front = {with_flops[i]["cell"] for i in idx}
         for i, m in enumerate(ms):
-            csv_rows.append([task, m["cell"], m["nonzero"], m["latency_ms"], m["score"], i in front])
+            csv_rows.append([task, m["cell"], m["nonzero"], m["flops"], m["score"], i in front,
+                             m["cell"] in flops_front])
+        front_rows = [[ms[i]["cell"], ms[i]["nonzero"], ms[i]["flops"], ms[i]["score"]]
+                      for i in sorted(front, key=lambda i: ms[i]["nonzero"])]
+        header = ["cell", "non-zero params", "effective FLOPs", "dev score"]
+        md += [f"### {task}", "", _md_table(header, front_rows), "",
+               f"![{task} Pareto front](report/pareto_{task}.png)", ""]
+        if with_flops:
+            md += [f"![{task} FLOPs Pareto front](report/pareto_flops_{task}.png)", ""]
+    _write_csv(out_dir / "pareto.csv", ["task", "cell", "nonzero_params", "effective_flops", "score",
+                                        "on_params_front", "on_flops_front"], csv_rows)
+    return md
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline folders (docbert, export-bench): one row per model
+
+
+def _score(summary: dict | None) -> float | None:
+    for key in ("student_eval", "eval"):
+        v = ((summary or {}).get(key) or {}).get("score")
+        if isinstance(v, (int, float)):
+            return float(v)
+    return None
+
+
+def _pipeline_report(root: Path) -> str:
+    manifest = _read_json(root / "pipeline.json") or {}
+    bench = _read_json(root / "bench" / "bench.json")
+    out_dir = root / "report"
+    rows = []
+    for label, m in (manifest.get("models") or {}).items():
+        measure = _read_json(Path(m["measure"])) if m.get("measure") else None
+        params = ((measure or {}).get("params") or {}).get("total")
+        flops = ((measure or {}).get("flops") or {}).get("dense_flops")
+        rows.append({"model": label, "params": params, "flops": flops,
+                     "latency_ms": _latency_ms(bench, label) if bench else None,
+                     "score": _score(_read_json(Path(m["run"]) / "summary.json")),
+                     "hidden": m.get("hidden"), "kd": m.get("kd")})
+    ref = "teacher" if any(r["model"] == "teacher" for r in rows) else None
+    table = A.distillation_table(rows, reference=ref)
+    header = ["model", "params", "flops", "latency_ms", "score", "params_ratio", "speedup"]
+    _write_csv(out_dir / "models.csv", header, [[r.get(k) for k in header] for r in table])
+    md = [f"# {manifest.get('pipeline', 'pipeline')} report: {root.name}", "",
+          "Parameters and dense FLOPs per example (FLOPs = 2 x multiply-adds) from `compress measure`; "
+          "latency: median ms at the smallest benchmarked batch (`compress bench`, bench/bench.json); "
+          "score: the task's dev metric. Ratios are against "
+          f"{ref or 'the largest model'}. CSV: [report/models.csv](report/models.csv).", "",
+          _md_table(["model", "params", "FLOPs", "latency ms", "dev score", "params ratio", "speedup"],
+                    [[r.get(k) for k in header] for r in table]), ""]
+    scored = [r for r in table if r["score"] is not None and r["params"]]
+    if len(scored) >= 2:
+        plt = _plt()
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.scatter([m["nonzero"] / 1e6 for m in ms], [100 * m["score"] for m in ms], color="grey",
-                   label="cells")
-        fr = sorted((ms[i] for i in front), key=lambda m: m["nonzero"])
-        ax.plot([m["nonzero"] / 1e6 for m in fr], [100 * m["score"] for m in fr], color="red", marker="o",
-                label="Pareto front")
-        ax.set_xlabel("non-zero parameters (millions)")
+        ax.scatter([r["params"] / 1e6 for r in scored], [100 * r["score"] for r in scored])
+        for r in scored:
+            ax.annotate(r["model"], (r["params"] / 1e6, 100 * r["score"]), fontsize=7)
+        front = A.pareto_front([(r["params"], r["score"]) for r in scored])
+        ax.plot([scored[i]["params"] / 1e6 for i in front], [100 * scored[i]["score"] for i in front],
+                color="red", label="Pareto front")
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters (millions, log scale)")
         ax.set_ylabel("dev metric (%)")
-        ax.set_title(f"{task}: metric vs non-zero parameters")
+        ax.set_title("metric vs model size")
         ax.grid(alpha=0.3)
         ax.legend()
-        _save_fig(fig, out_dir / f"pareto_{task}.png")
-        front_rows = [[m["cell"], m["nonzero"], m["latency_ms"], m["score"]] for m in fr]
-        header = ["cell", "non-zero params", "latency ms", "dev score"]
-        md += [f"### {task}", "", _md_table(header, front_rows),
-               "", f"![{task} Pareto front](report/pareto_{task}.png)", ""]
-        lat = [m for m in ms if m["latency_ms"] is not None]
-        if len(lat) >= 2:
-            lf = A.pareto_front([(m["latency_ms"], m["score"]) for m in lat])
-            md += [f"Latency front: {', '.join(lat[i]['cell'] for i in lf)}", ""]
-    _write_csv(out_dir / "pareto.csv", ["task", "cell", "nonzero_params", "latency_ms", "score", "on_front"],
-               csv_rows)
-    return md
+        _save_fig(fig, out_dir / "metric_vs_params.png")
+        md += ["![metric vs parameters](report/metric_vs_params.png)", ""]
+    curve_rows = [r for r in rows if r.get("hidden") is not None and r["score"] is not None]
+    if curve_rows:
+        curve = A.hidden_size_curve(curve_rows)
+        _write_csv(out_dir / "lstm_hidden_curve.csv", ["hidden_size", "score"], [list(c) for c in curve])
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([h for h, _ in curve], [100 * v for _, v in curve], marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("BiLSTM hidden size (units per direction)")
+        ax.set_ylabel("dev metric (%)")
+        ax.set_title("distilled BiLSTM: metric vs hidden size")
+        ax.grid(alpha=0.3)
+        _save_fig(fig, out_dir / "lstm_hidden_curve.png")
+        md += ["## BiLSTM hidden size (DocBERT Figure 1)", "",
+               _md_table(["hidden size", "dev score"], [list(c) for c in curve]), "",
+               "![hidden-size curve](report/lstm_hidden_curve.png)", ""]
+    return "\n".join(md) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------

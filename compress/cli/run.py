@@ -8,6 +8,7 @@ stay scripts that read top to bottom and the library stays free of workflows.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ def load_pipeline(name: str):
                          "(pipelines/ beside compress/)")
     spec = importlib.util.spec_from_file_location(f"compress_pipeline_{name.replace('-', '_')}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 

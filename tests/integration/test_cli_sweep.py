@@ -1,0 +1,84 @@
+"""A real 2-cell sweep (``compress prune`` cells on the tiny BERT, real SST-2 rows), then its report;
+and ``compress run`` of the gordon pipeline with overrides."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["--train-limit", "32", "--eval-limit", "32", "--max-steps", "2", "--batch-size", "16",
+         "--max-length", "32"]
+
+
+def test_two_cell_prune_sweep_then_report(tiny_bert, shared_data, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["sweep", "--sparsities", "0.3", "--tasks", "sst2", "--variants", "magnitude,random",
+            "--model", str(tiny_bert), "--data-dir", str(shared_data), *SMALL, "--jobs", "2",
+            "--out", str(out)]
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    state = json.loads((out / "sweep.json").read_text())
+    assert [c["name"] for c in state["cells"]] == ["ft-sst2-magnitude-s30-lr5e-05",
+                                                    "ft-sst2-random-s30-lr5e-05"]
+    for cell in state["cells"]:
+        assert cell["status"] == "finished" and cell["argv"][:3] == ["prune", "--stage", "finetune"]
+        summary = json.loads((out / cell["name"] / "summary.json").read_text())
+        assert summary["eval"]["n"] == 32
+        # the cell really pruned what the grid asked for, with the criterion the variant names
+        assert summary["sparsity"]["encoder"] == pytest.approx(0.3, abs=0.01)
+        cfg = (out / cell["name"] / "config.yaml").read_text()
+        assert f"criterion: {cell['variants'][0]}" in cfg
+    # re-running the finished sweep runs nothing
+    again = run_cli(*args)
+    assert again.returncode == 0 and "2 finished already, 0 to run" in again.stdout
+    rep = run_cli("report", str(out))
+    assert rep.returncode == 0, rep.stderr
+    md = (out / "report.md").read_text()
+    assert "![sst2 dev accuracy vs sparsity](report/metric_vs_sparsity_sst2.png)" in md
+    with open(out / "report" / "metric_vs_sparsity.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["variant"] for r in rows} == {"magnitude", "random"}
+    scores = {r["variant"]: float(r["score"]) for r in rows}
+    for cell in state["cells"]:
+        s = json.loads((out / cell["name"] / "summary.json").read_text())["eval"]["score"]
+        assert scores[cell["variants"][0]] == pytest.approx(s)
+
+
+def test_compress_run_gordon_ci_with_overrides(tiny_bert, shared_data, tmp_path):
+    out = tmp_path / "g"
+    res = run_cli("run", "pipelines/configs/gordon-ci.yaml", f"model={tiny_bert}", f"out={out}",
+                  f"data_dir={shared_data}", f"pretrain.corpus=[{shared_data / 'wikitext2'}]",
+                  "sweep.sparsities=[0.5]", "finetune.max_steps=1")
+    assert res.returncode == 0, res.stderr
+    state = json.loads((out / "sweep.json").read_text())
+    assert [c["name"] for c in state["cells"]] == ["pt-magnitude-s50", "ft-sst2-magnitude-s50-lr0.0001"]
+    pre = json.loads((out / "pt-magnitude-s50" / "summary.json").read_text())
+    assert pre["sparsity"]["encoder"] == pytest.approx(0.5, abs=0.01) and pre["mlm_loss"]["pruned_after"] > 0
+    ft = json.loads((out / "ft-sst2-magnitude-s50-lr0.0001" / "summary.json").read_text())
+    assert ft["steps"] == 1
+    assert "## Pre-training loss vs sparsity" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("override, code, words", [
+    ("sweep.nope=1", 2, "unknown option 'nope'"),
+    ("sweep.variants=[magnitude,bogus]", 2, "unknown variant 'bogus'"),
+    ("novalue", 2, "is not KEY=VALUE"),
+])
+def test_compress_run_bad_overrides(tmp_path, override, code, words):
+    res = run_cli("run", "pipelines/configs/gordon-ci.yaml", f"out={tmp_path / 'x'}", override)
+    assert res.returncode == code and words in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_compress_run_unknown_pipeline(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("pipeline: gordn\n")
+    res = run_cli("run", str(cfg))
+    assert res.returncode == 2 and "unknown pipeline 'gordn'" in res.stderr and "gordon" in res.stderr
