@@ -111,7 +111,7 @@ FLOP_HANDLES: dict[str, Handle | None] = {
 }
 
 # Ops whose MACs all multiply a weight of the module that calls them (scaled by weight density).
-WEIGHT_OPS = frozenset({"linear", "addmm", "_convolution", "lstm", "gru", "rnn_tanh", "rnn_relu"})
+WEIGHT_OPS = frozenset({"linear", "addmm", "conv", "_convolution", "lstm", "gru", "rnn_tanh", "rnn_relu"})
 ZERO_BY_DEFINITION = {"embedding": "table look-up (gather), 0 MACs",
                       "embedding_bag": "table look-up + sum (gather), 0 MACs"}
 

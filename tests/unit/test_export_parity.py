@@ -173,3 +173,24 @@ def test_provider_validation():
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="no CUDA device"):
             resolve_provider("cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+
+
+def _registry():
+    return pytest.importorskip("students.registry")
+
+
+@pytest.mark.parametrize("name", ["bilstm", "kimcnn", "logreg"])
+def test_every_registered_student_exports_with_parity(name, tmp_path):
+    registry = _registry()
+    assert set(registry.STUDENTS) == {"bilstm", "kimcnn", "logreg"}  # a new student needs a case here
+    torch.manual_seed(0)
+    model = registry.build_student(name, registry.student_config(name, {}), 3000)
+    if name == "logreg":
+        model.prepare([[int(i) for i in torch.randint(100, 3000, (12,))] for _ in range(30)])
+    registry.save_student(model, name, tmp_path / name, {"task": "sst2"})
+    loaded = load_torch_model(str(tmp_path / name))
+    assert loaded.kind == "student" and loaded.input_names == ("input_ids", "attention_mask")
+    path = export_onnx(loaded, tmp_path / f"{name}.onnx")
+    # example_inputs pads rows after the first, so the mask path (packing, masked pooling) is checked
+    r = check_parity(loaded, path)
+    assert r["max_abs_diff"]["logits"] <= FP32_ATOL and r["argmax_agreement"] == 1.0

@@ -71,8 +71,13 @@ def test_linear_equals_hand_count_and_zeros_are_not_effective():
 
 
 def test_conv_equals_hand_count():
-    r = count_flops(Conv(), {"x": torch.randn(1, 4, 10)})
+    m = Conv()
+    r = count_flops(m, {"x": torch.randn(1, 4, 10)})
     assert r["dense_macs"] == 8 * 6 * 4 * 3  # 8 output positions x out x in x kernel
+    with torch.no_grad():
+        m.conv.weight[:2] = 0.0  # 2 of 6 filters: 24 of 72 weights
+    r = count_flops(m, {"x": torch.randn(1, 4, 10)})
+    assert r["effective_macs"] == 8 * (72 - 24)
 
 
 def test_lstm_equals_hand_count():
@@ -141,3 +146,16 @@ def test_minilm_at_128_matches_formula(attn):
     formula_flops = 2 * (linear + attention)
     assert abs(r["dense_flops"] - formula_flops) / formula_flops < 0.02
     assert r["effective_flops"] <= r["dense_flops"]
+
+
+@pytest.mark.parametrize("name", ["bilstm", "kimcnn"])
+def test_students_match_their_analytic_counts(name):
+    """The traced count equals the student's own formula (an independent, hand-written count)."""
+    registry = pytest.importorskip("students.registry")
+    torch.manual_seed(0)
+    model = registry.build_student(name, registry.student_config(name, {}), 5000).eval()
+    ids = torch.randint(100, 5000, (1, 40))
+    r = count_flops(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert r["dense_flops"] == model.flops_per_example(40)
+    op = "lstm" if name == "bilstm" else "conv"
+    assert r["dense_macs_by_operator"][op] > 0.9 * r["dense_macs"]
