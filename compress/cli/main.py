@@ -41,6 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str, limit: int = 2000) -> str:
+    """An error message as one line of at most ``limit`` characters: a bad value quoted in it may
+    hold newlines or be a 70,000-character field."""
+    text = " ".join(message.splitlines())  # every line break, including \r, \x0b, U+2028
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
@@ -51,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CompressError as exc:
-        print(f"compress {args.command}: error: {exc}", file=sys.stderr)
+        print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"compress {args.command}: interrupted (a run that saved a checkpoint is kept; "
               "continue it with the same command plus --resume)", file=sys.stderr)
         return 130
     except OSError as exc:  # disk full, permission denied: the environment, not a bug -> one line
-        print(f"compress {args.command}: error: {exc}", file=sys.stderr)
+        print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -29,7 +30,9 @@ def read_delimited(path: Path, delimiter: str, header: bool = True,
     if not text.strip():
         raise DataError(f"{path} is empty (expected a header and data rows)")
     try:
-        rows = list(csv.reader(text.splitlines(), delimiter=delimiter, quoting=quoting))
+        # A file object with newline="" (not str.splitlines, which also breaks at U+0085, U+2028 and
+        # other characters that are ordinary text inside a field) keeps quoted newlines in their field.
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting))
     except csv.Error as exc:
         raise DataError(f"{path}: malformed {'TSV' if delimiter == chr(9) else 'CSV'}: {exc}") from None
     rows = [r for r in rows if r]
@@ -54,7 +57,7 @@ def column(head: list[str], name: str, path: Path) -> int:
 def read_jsonl(path: Path) -> list[dict]:
     text = read_text(path)
     records = []
-    for i, line in enumerate(text.splitlines(), start=1):
+    for i, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028 etc. raw
         if not line.strip():
             continue
         try:
