@@ -57,7 +57,7 @@ def test_export_optimize_int8_with_accuracy(exported):
     assert report["fused_ops"]["Attention"] == 2
     assert report["parity_fp32"]["max_abs_diff"]["logits"] <= 1e-4
     assert report["parity_optimized"]["max_abs_diff"]["logits"] <= 1e-4
-    assert report["parity_int8"]["atol"] == 0.5
+    assert report["parity_int8"]["atol"] == 1.0
     acc = report["accuracy"]
     assert acc["task"] == "sample" and acc["fp32"]["n"] == 40 and 0 <= acc["int8"]["score"] <= 1
     assert "fused ops: " in proc.stdout and "Attention 2" in proc.stdout

@@ -132,6 +132,16 @@ def test_int8_parity_with_looser_tolerance(tiny_bert, tmp_path):
     assert q.stat().st_size < 0.5 * path.stat().st_size
 
 
+def test_sdpa_export_does_not_fuse_but_eager_does(tiny_bert, tmp_path):
+    """Why the exporter loads BERT with eager attention: the optimizer only fuses that graph."""
+    counts = {}
+    for attn in ("sdpa", "eager"):
+        loaded = load_torch_model(str(tiny_bert), attn_implementation=attn)
+        path = export_onnx(loaded, tmp_path / f"{attn}.onnx")
+        counts[attn] = optimize_onnx(path, tmp_path / f"{attn}-opt.onnx", 4, 32).get("Attention", 0)
+    assert counts == {"sdpa": 0, "eager": 2}
+
+
 @pytest.mark.parametrize("cls", [TinyBiLSTM, TinyKimCNN, TinyLR])
 def test_student_like_modules_parity(cls, tmp_path):
     torch.manual_seed(0)
