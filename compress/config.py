@@ -35,10 +35,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     """Coerce YAML scalars to the field type so a config file gets the same checks as a flag."""
-    if value is None:
-        return None
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if value is None:
+        optional = origin in (typing.Union, types.UnionType) and type(None) in args
+        if not optional and annotation is not Any:
+            kind = getattr(annotation, "__name__", str(annotation))
+            raise UsageError(f"option {name}: expected {kind}, got null (remove the key to use the default)")
+        return None
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1:

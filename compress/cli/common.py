@@ -19,6 +19,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (and exits 2)."""
 
     def error(self, message: str) -> typing.NoReturn:
+        message = " ".join(message.splitlines())  # a bad value may hold a newline: still one line
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
