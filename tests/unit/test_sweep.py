@@ -34,6 +34,7 @@ FAKE = textwrap.dedent("""
         fh.write(f"{os.getpid()}\\n")
     tmp = out.parent / (".tmp-" + name)
     tmp.mkdir()
+    t0 = time.time()
     (tmp / "started").write_text("x")
     if os.environ.get("FAKE_SLOW") and name.startswith(os.environ["FAKE_SLOW"]):
         time.sleep(float(os.environ.get("FAKE_SLEEP", "60")))
@@ -44,6 +45,7 @@ FAKE = textwrap.dedent("""
     if "pretrain" in argv:
         summary = {"mlm_loss": {"pruned_after": 2.0 + s}}
     (tmp / "summary.json").write_text(json.dumps(summary))
+    (tmp / "times").write_text(f"{t0} {time.time()}")
     os.replace(tmp, out)
 """)
 
@@ -127,6 +129,18 @@ def test_sweep_runs_every_cell_once_and_rerun_skips_all(tmp_path, fake_runner):
     assert set(_counts(sweep).values()) == {1}  # nothing ran again
     assert mtimes == {c.name: (sweep / c.name / "summary.json").stat().st_mtime_ns for c in plan}
     assert all(c["skipped"] for c in json.loads((sweep / "sweep.json").read_text())["cells"])
+
+
+def test_jobs_run_independent_cells_at_the_same_time(tmp_path, fake_runner, monkeypatch):
+    sweep = tmp_path / "sw"
+    monkeypatch.setenv("FAKE_SLOW", "ft-sst2-")  # every fine-tuning cell takes 2 s
+    monkeypatch.setenv("FAKE_SLEEP", "2")
+    run_sweep(SweepConfig(sparsities=("0.3", "0.6"), tasks=("sst2",), variants=("magnitude",),
+                          out=str(sweep), runner=fake_runner, jobs=2), log=lambda *_: None)
+    spans = [tuple(map(float, (sweep / n / "times").read_text().split()))
+             for n in ("ft-sst2-magnitude-s30-lr5e-05", "ft-sst2-magnitude-s60-lr5e-05")]
+    (a0, a1), (b0, b1) = spans
+    assert a0 < b1 and b0 < a1  # the two 2-second cells overlapped
 
 
 def test_rerun_with_other_options_is_refused(tmp_path, fake_runner):
