@@ -132,3 +132,32 @@ def test_student_export_and_measure(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         r = json.loads(proc.stdout)
         assert r["kind"] == "student" and r["flops"]["dense_macs"] > 0
+
+
+def test_measure_unstructured_pruned_bert(tiny_bert, tmp_path):
+    """Half of every encoder matrix zeroed: effective FLOPs drop by exactly that, dense ones do not,
+    the verdict is 'storage only', and the zeros show up in the gzip size only."""
+    import torch
+    from transformers import AutoTokenizer, BertModel
+
+    model = BertModel.from_pretrained(tiny_bert)
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear) and name.startswith("encoder."):
+                mod.weight.view(-1)[: mod.weight.numel() // 2] = 0.0
+    model.save_pretrained(tmp_path / "pruned")
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path / "pruned")
+    dense = json.loads(run_cli("measure", str(tiny_bert), "--seq-len", "16", "--json").stdout)
+    proc = run_cli("measure", str(tmp_path / "pruned"), "--seq-len", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    encoder_linear = 2 * 16 * (4 * 32 * 32 + 2 * 32 * 64)
+    head_linear = 32 * 32 + 32 * 2  # pooler + classifier on [CLS], not pruned
+    assert r["flops"]["dense_macs"] == dense["flops"]["dense_macs"]
+    assert r["flops"]["effective_macs_by_operator"]["linear"] == encoder_linear // 2 + head_linear
+    assert r["flops"]["effective_macs"] == r["flops"]["dense_macs"] - encoder_linear // 2
+    assert r["params"]["encoder_matrix_sparsity"] == pytest.approx(0.5)
+    assert r["verdict"]["faster"] == "storage only"
+    assert r["disk"]["bytes"] == pytest.approx(dense["disk"]["bytes"], rel=0.01)
+    assert r["disk"]["gzip_bytes"] < dense["disk"]["gzip_bytes"]
+    assert "sparsity_table" in r
