@@ -154,17 +154,27 @@ class RunDir:
         if exc_type is None:
             os.replace(self.path, self.final)
             self.path = self.final
-        elif not self._keep_for_resume():
+        elif not self._keep_for_resume(exc_type):
             shutil.rmtree(self.path, ignore_errors=True)
         return False
 
-    def _keep_for_resume(self) -> bool:
-        # A run that saved a checkpoint is kept whatever stopped it (Ctrl-C, disk full, a crash) so
-        # --resume can continue it; a run that failed before its first checkpoint (bad input) is
-        # removed so no half-written folder is left behind.
+    def _keep_for_resume(self, exc_type) -> bool:
+        """Whether a failed run's temporary folder stays for ``--resume``.
+
+        A resumed run is never removed (it holds the progress of earlier invocations). A fresh run
+        is kept when it created ``checkpoint/`` (train's step checkpoints, or another loop's state
+        such as distillation's) and it was stopped by something other than bad input: Ctrl-C, a
+        full disk, a crash. A CompressError removes it unless train() checkpoints exist, so bad input
+        leaves no half-written folder.
+        """
+        from compress.errors import CompressError
         from compress.training import checkpoint_dirs
 
-        return bool(checkpoint_dirs(self.checkpoint_dir))
+        if self.resumed:
+            return True
+        if not self.checkpoint_dir.is_dir():
+            return False
+        return not issubclass(exc_type, CompressError) or bool(checkpoint_dirs(self.checkpoint_dir))
 
     def _rewind_metrics(self) -> None:
         """Keep the metrics records up to the checkpoint the run resumes from, drop the rest."""

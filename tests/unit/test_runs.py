@@ -124,3 +124,27 @@ def test_run_names_cannot_escape_the_artifacts_folder(tmp_path, monkeypatch):
         pass
     assert run.path.parent == tmp_path / "art" / "cmd"
     assert run.path.name.endswith("-evil-x") and not (tmp_path / "evil").exists()
+
+
+def test_another_loops_checkpoint_is_kept_on_ctrl_c_but_not_on_bad_input(tmp_path):
+    """Distillation keeps its own ``checkpoint/student.pt`` and epoch records; RunDir respects them."""
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "a") as run:
+        run.log_metrics({"epoch": 1, "loss": 0.5})
+        run.checkpoint_dir.mkdir()
+        (run.checkpoint_dir / "student.pt").write_bytes(b"state")
+        raise KeyboardInterrupt
+    assert (tmp_path / ".tmp-a" / "checkpoint" / "student.pt").is_file()
+    with RunDir("x", out=tmp_path / "a", resume=True) as run:  # no step checkpoints: records untouched
+        assert (run.path / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n'
+    with pytest.raises(UsageError), RunDir("x", out=tmp_path / "b") as run:
+        run.checkpoint_dir.mkdir()
+        raise UsageError("embed_dim differs")
+    assert not (tmp_path / ".tmp-b").exists()
+
+
+def test_a_failed_resume_never_removes_the_interrupted_run(tmp_path):
+    (tmp_path / ".tmp-r").mkdir()
+    (tmp_path / ".tmp-r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(DataError), RunDir("x", out=tmp_path / "r", resume=True):
+        raise DataError("still bad")
+    assert (tmp_path / ".tmp-r").is_dir()
