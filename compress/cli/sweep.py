@@ -19,7 +19,17 @@ HELPS = {
     "jobs": "cells run at once (each gets cores/jobs threads)",
     "out": "sweep folder; re-run with the same --out to resume",
     "runner": "command prefix that runs one cell (default: this Python's 'python -m compress')",
-    "max_steps": "fine-tuning steps per cell (default: --epochs over the data)",
+    "max_steps": "fine-tuning steps per cell (unset: --epochs over the data)",
+    "model": "start model: minilm, a model folder, a run folder or a hub name",
+    "data_dir": "folder holding the task files (e.g. ../shared/data)",
+    "train_limit": "use only the first N training examples of each task",
+    "eval_limit": "score only the first N dev examples", "epochs": "fine-tuning epochs per cell",
+    "batch_size": "fine-tuning batch size", "max_length": "fine-tuning sequence length (tokens)",
+    "seed": "seed of every cell", "schedule": "pruning schedule of every cell: gradual or oneshot",
+    "pretrain_lr": "learning rate of the pre-training cells",
+    "pretrain_batch_size": "batch size of the pre-training cells",
+    "pretrain_max_length": "block length (tokens) of the pre-training cells",
+    "pretrain_heldout_blocks": "held-out corpus blocks scored for the MLM loss",
 }
 
 
