@@ -56,6 +56,17 @@ def environment(seed: int | None = None) -> dict[str, Any]:
     return info
 
 
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) of this process in a torchrun/accelerate launch; (0, 1) otherwise.
+
+    Read from the launcher's environment because the process group starts later, in ``train``.
+    """
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file and rename it over ``path``: readers (and a resumed run)
     see the old file or the new one, never half of one."""
@@ -111,11 +122,15 @@ class RunDir:
     def __init__(self, command: str, name: str = "run", out: str | Path | None = None,
                  resume: bool = False):
         name = safe_run_name(name)
+        self.rank, world = launch_rank()
         if out is not None:
             self.final = resolve_out(out)
         elif resume:
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
+        elif world > 1:
+            raise UsageError(f"a {world}-process launch needs --out, so that every process names the "
+                             "same run folder")
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.final = artifacts_root() / command / f"{stamp}-{name}"
@@ -126,6 +141,13 @@ class RunDir:
         self.path = self._tmp_for(self.final)
         self.resume = resume
         self.resumed = False
+        if self.rank > 0:
+            # Another process of a multi-process launch: it writes to a scratch folder that is
+            # removed at the end, and sees rank 0's checkpoints (to resume from the same step)
+            # through a link; rank 0 alone writes the run folder and the checkpoints.
+            self.leader_path = self.path
+            self.path = self.final.parent / f".tmp-{self.final.name}.rank{self.rank}"
+            return
         if self.final.exists():
             raise UsageError(f"run folder {self.final} already exists; runs are never overwritten "
                              "(choose another --out)")
@@ -143,6 +165,11 @@ class RunDir:
         return self.path / "checkpoint"
 
     def __enter__(self) -> RunDir:
+        if self.rank > 0:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path.mkdir(parents=True)
+            (self.path / "checkpoint").symlink_to(self.leader_path / "checkpoint", target_is_directory=True)
+            return self
         if self.resume and self.path.is_dir():
             self.resumed = True
             self._rewind_metrics()
@@ -151,6 +178,9 @@ class RunDir:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.rank > 0:
+            shutil.rmtree(self.path, ignore_errors=True)  # removes the link, not rank 0's checkpoints
+            return False
         if exc_type is None:
             os.replace(self.path, self.final)
             self.path = self.final

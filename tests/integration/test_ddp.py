@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.integration.test_resume import tiny_classifier  # noqa: F401 - fixture
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,3 +78,54 @@ def test_a_diverging_rank_is_caught_with_the_tensor_named(tmp_path):
         assert "bert.encoder.layer.0.attention.self.query.weight" in m
         assert "\n" not in m
     assert not (tmp_path / "div" / "result.json").exists()
+
+
+# -- the real CLI under a 2-process launch: one run folder, and SIGKILL + --resume replays exactly --
+
+KILL_AFTER_STEP_5 = """
+import os, signal, sys
+from compress.runs import RunDir
+real = RunDir.log_metrics
+
+def log_then_die(self, record):
+    real(self, record)
+    if record.get("step") == 5 and "loss" in record:  # rank 0 logs; the launcher then ends rank 1
+        os.kill(os.getpid(), signal.SIGKILL)
+
+RunDir.log_metrics = log_then_die
+from compress.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _launch_cli(script_or_module: list[str], args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_NO_PROGRESS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "docs" / "accelerate" / "ddp_cpu.yaml"), "--main_process_port", "0",
+           *script_or_module, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
+
+def test_cli_finetune_two_processes_sigkill_and_resume(tiny_classifier, tmp_path):  # noqa: F811
+    args = ["finetune", "--model", str(tiny_classifier), "--max-steps", "8", "--batch-size", "4",
+            "--max-length", "24", "--log-every", "1", "--checkpoint-every", "2", "--seed", "11"]
+    r = _launch_cli(["-m", "compress"], [*args, "--out", str(tmp_path / "ref")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref"]  # no rank scratch folder left
+
+    script = tmp_path / "kill_after_5.py"
+    script.write_text(KILL_AFTER_STEP_5)
+    out = tmp_path / "run"
+    r = _launch_cli([str(script)], [*args, "--out", str(out)])
+    assert r.returncode != 0 and not out.exists()
+    assert (tmp_path / ".tmp-run" / "checkpoint" / "step-00000004").is_dir()
+    r = _launch_cli(["-m", "compress"], [*args, "--out", str(out), "--resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def records(run):
+        return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    # dropout is on: equal losses after the resume point need every rank's RNG restored
+    assert records(out) == records(tmp_path / "ref")
+    assert [x["step"] for x in records(out)] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kill_after_5.py", "ref", "run"]
