@@ -147,14 +147,16 @@ def run_distill(cfg: DistillConfig) -> Path:
     train_ds, eval_ds = data["train"], data["eval"]
     labels, multilabel = train_ds.label_names, train_ds.multilabel
     kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else (1.0 if multilabel else 4.0)
+    options.setdefault("num_labels", len(labels))
+    student_config(cfg.student, options)  # typed check of --student-options now
+    for role in ("transfer", "eval"):
+        resolve_cache_source(cfg.teacher_cache, role)
     finetune_first = cfg.teacher in PACKAGED
     if not finetune_first:
         load_classifier(cfg.teacher, labels, multilabel, strict_labels=True)  # label set must match
     tokenizer = load_tokenizer(cfg.teacher)
-    options.setdefault("num_labels", len(labels))
-    if entry.config_class.__dataclass_fields__.get("special_ids") is not None:
+    if "special_ids" in entry.config_class.__dataclass_fields__:
         options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
-    student_config(cfg.student, options)  # typed check of --student-options now
     train_cfg = StudentTrainConfig(lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
                                    weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,

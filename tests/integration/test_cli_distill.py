@@ -1,0 +1,133 @@
+"""The real ``compress distill`` CLI on a tiny teacher: each student end to end, augmentation, and
+bad input (one line, exit code, no run folder)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tiny_bert, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "run"
+    r = run_cli("finetune", "--model", str(tiny_bert), "--max-steps", "2", "--batch-size", "8",
+                "--max-length", "32", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("student, extra", [
+    ("bilstm", ["--student-options", "hidden_size=8,mlp_hidden=8", "--augment", "1"]),
+    ("kimcnn", ["--student-options", "num_filters=4", "--student-embeddings", "random"]),
+    ("logreg", ["--no-kd"]),
+])
+def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
+    out = tmp_path / "run"
+    r = run_cli("distill", "--student", student, "--teacher", str(teacher_run), "--epochs", "2",
+                "--max-length", "32", "--out", str(out), *extra)
+    assert r.returncode == 0, r.stderr
+    for f in ("config.yaml", "env.json", "metrics.jsonl", "summary.json", "report.txt",
+              "student/model.safetensors", "student/student.json", "teacher_logits/eval.safetensors"):
+        assert (out / f).exists(), f
+    assert not (out / "checkpoint").exists()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["student"] == student and s["eval_examples"] == 64 and s["train_examples"] == 256
+    assert s["mode"] == ("no-kd" if "--no-kd" in extra else "kd")
+    assert s["kd_lambda"] == 4.0 and s["metric"] == "accuracy"
+    assert s["augmented_examples"] == (256 if "--augment" in extra else 0)
+    fl = s["flops_per_example"]
+    assert fl["teacher"] > 0 and fl["student"] > 0  # the 32-wide test teacher is cheaper than logreg
+    assert fl["teacher_over_student"] == pytest.approx(fl["teacher"] / fl["student"], abs=0.01)
+    assert s["params"]["student"] > 0
+    epochs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert "teacher" in r.stdout and student in r.stdout and "FLOPs/example" in r.stdout
+
+    # the saved student reproduces the reported dev metric
+    from transformers import AutoTokenizer
+
+    from compress.distill.train import predict_student
+    from compress.tasks import DataOptions, get_task
+    from students import load_student
+
+    model, info = load_student(out)
+    tok = AutoTokenizer.from_pretrained(out / "student")
+    dev = get_task("sample").load(DataOptions(), "dev")
+    ids = tok(dev.texts, truncation=True, max_length=info["max_length"])["input_ids"]
+    acc = float((predict_student(model, ids, tok.pad_token_id).argmax(1) == np.array(dev.labels)).mean())
+    assert acc == pytest.approx(s["student_eval"]["accuracy"])
+
+
+def test_teacher_embeddings_are_copied(teacher_run, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("distill", "--student", "kimcnn", "--teacher", str(teacher_run), "--epochs", "1",
+                "--lr", "1e-12", "--max-length", "32", "--student-options", "num_filters=4",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    from safetensors.torch import load_file
+
+    student = load_file(str(out / "student" / "model.safetensors"))["embedding.weight"]
+    teacher = load_file(str(teacher_run / "model" / "model.safetensors"))
+    t = next(v for k, v in teacher.items() if k.endswith("word_embeddings.weight"))
+    assert student.shape == t.shape == (30522, 32)
+    assert (student - t).abs().max().item() < 1e-6  # lr 1e-12: still the teacher's table
+
+
+@pytest.fixture(scope="module")
+def other_labels(tmp_path_factory):
+    d = tmp_path_factory.mktemp("three")
+    rows = "\n".join(f"text {i},{'abc'[i % 3]}" for i in range(12))
+    (d / "train.csv").write_text("text,label\n" + rows + "\n")
+    (d / "dev.csv").write_text("text,label\n" + rows + "\n")
+    return d
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["--student", "gpt"], 2, "unknown student 'gpt'; known students: bilstm, kimcnn, logreg"),
+    (["--temperature", "0"], 2, "--temperature must be in (0, inf]"),
+    (["--temperature", "-1"], 2, "--temperature"),
+    (["--kd-lambda", "-0.5"], 2, "--kd-lambda must be in [0, inf]"),
+    (["--augment", "2", "--no-kd"], 2, "cannot be combined with --no-kd"),
+    (["--student-options", "hidden=3"], 2, "unknown option 'hidden'"),
+    (["--student-embeddings", "/no/such/vectors.txt"], 2, "--student-embeddings"),
+    (["--teacher-cache", "/no/such/run"], 2, "--teacher-cache"),
+])
+def test_bad_input_one_line_no_run_folder(teacher_run, tmp_path, args, code, needle):
+    out = tmp_path / "run"
+    r = run_cli("distill", "--teacher", str(teacher_run), "--epochs", "1", "--max-length", "32",
+                *args, "--out", str(out), env={"COMPRESS_ARTIFACTS": str(tmp_path / "a")})
+    assert r.returncode == code, (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1 and lines[0].startswith("compress distill: error: "), r.stderr
+    assert needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_teacher_with_other_label_set_is_refused(teacher_run, other_labels, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("distill", "--teacher", str(teacher_run), "--task", "csv", "--data-dir", str(other_labels),
+                "--out", str(out), env={"COMPRESS_ARTIFACTS": str(tmp_path / "a")})
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1 and "was trained for labels ['negative', 'positive']" in lines[0]
+    assert "['a', 'b', 'c']" in lines[0]
+    assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_missing_tagger_data_is_one_line(teacher_run, tmp_path):
+    empty = tmp_path / "nltk_empty"
+    empty.mkdir()
+    out = tmp_path / "run"
+    r = run_cli("distill", "--teacher", str(teacher_run), "--augment", "2", "--out", str(out),
+                env={"NLTK_DATA": str(empty), "HOME": str(tmp_path),
+                     "COMPRESS_ARTIFACTS": str(tmp_path / "a")})
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert "python -m nltk.downloader averaged_perceptron_tagger_eng" in lines[0] and "NLTK_DATA" in lines[0]
+    assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
