@@ -24,9 +24,17 @@ def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_str
 
         raise ModelError("SQuAD features need a fast (Rust) tokenizer for offset mapping; "
                          "use a model folder with tokenizer.json")
-    return tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
-                     truncation="only_second", max_length=max_length, stride=doc_stride,
-                     return_overflowing_tokens=True, return_offsets_mapping=True, padding=False)
+    try:
+        return tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
+                         truncation="only_second", max_length=max_length, stride=doc_stride,
+                         return_overflowing_tokens=True, return_offsets_mapping=True, padding=False)
+    except Exception as exc:  # noqa: BLE001 - the Rust tokenizer refuses windows with no context room
+        from compress.errors import DataError
+
+        longest = max(examples, key=lambda e: len(e.question))
+        raise DataError(f"cannot cut windows of {max_length} tokens with {doc_stride} tokens of overlap "
+                        f"(longest question: {longest.qid}, {len(longest.question)} characters; "
+                        f"{type(exc).__name__}); raise --max-length or lower --doc-stride") from None
 
 
 def _context_range(seq_ids: list) -> tuple[int, int]:

@@ -55,3 +55,11 @@ def test_collate_pads_and_stacks_labels(tok):
     b = collate_features(tok, feats)
     assert b["input_ids"].shape[0] == 3
     assert b["start_positions"].tolist() == [f["start_positions"] for f in feats]
+
+
+def test_question_too_long_for_the_window_is_a_data_error(tok):
+    from compress.errors import DataError
+
+    ex = QAExample("long-q", "T", "Short context here.", " ".join(["why"] * 60), ("Short",), (0,))
+    with pytest.raises(DataError, match="longest question: long-q"):
+        prepare_train_features(tok, [ex], max_length=48, doc_stride=16)
