@@ -63,7 +63,7 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
     head_size: dict[int, dict[str, int]] = {}
     for name in names:
         w = params[name].detach()
-        zeros, numel = int((w == 0).sum()), w.numel()
+        zeros, numel = w.numel() - int(torch.count_nonzero(w)), w.numel()
         m = LAYER_RE.search(name)
         layer = int(m.group(1)) if m and name.startswith("encoder.") else None
         kind = _kind(name) if layer is not None else None

@@ -26,7 +26,7 @@ def regrown_counts(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> di
         if tuple(p.shape) != tuple(m.shape):
             raise IntegrityError(f"mask '{name}' has shape {tuple(m.shape)} but the parameter has "
                                  f"{tuple(p.shape)}")
-        n = int((p.detach()[~m.to(p.device)] != 0).sum())
+        n = int(torch.count_nonzero(p.detach().ne(0).logical_and_(m.to(p.device).logical_not())))
         if n:
             out[name] = n
     return out
@@ -77,7 +77,7 @@ def verify_run(run: str | Path) -> dict:
     masks = load_masks(model_dir / MASKS_FILE)
     model = load_saved_model(model_dir)
     check_masks(model, masks)
-    pruned = sum(int((~m).sum()) for m in masks.values())
+    pruned = sum(m.numel() - int(torch.count_nonzero(m)) for m in masks.values())
     total = sum(m.numel() for m in masks.values())
     return {"tensors": len(masks), "pruned": pruned, "total": total,
             "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir)}

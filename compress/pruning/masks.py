@@ -24,23 +24,22 @@ def n_pruned(numel: int, sparsity: float) -> int:
 def keep_mask_flat(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Bool keep-mask over a 1-D ``scores``: False for the ``k`` lowest, ties by lower index first.
 
-    Uses a k-th value threshold rather than a full sort: entries strictly below the threshold are
-    pruned, then the first remaining ones (by index) that equal it.
+    Uses a k-th value threshold rather than a full sort (several times faster on the 11.7M word
+    embeddings): entries below the threshold are pruned, then the first (by index) of those equal to it.
     """
     flat = scores.reshape(-1)
-    keep = torch.ones(flat.numel(), dtype=torch.bool, device=flat.device)
     if k <= 0:
-        return keep
+        return torch.ones(flat.numel(), dtype=torch.bool, device=flat.device)
     if k >= flat.numel():
-        return torch.zeros_like(keep)
+        return torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
     f = flat.float()
     thresh = torch.kthvalue(f, k).values
-    below = f < thresh
-    keep[below] = False
-    need = k - int(below.sum())
-    if need > 0:
-        ties = torch.nonzero(f == thresh, as_tuple=False).reshape(-1)[:need]
-        keep[ties] = False
+    keep = f > thresh
+    n_not_above = f.numel() - int(torch.count_nonzero(keep))  # entries below or equal to the threshold
+    if n_not_above > k:  # only part of the tied entries goes: keep the later ones
+        ties = torch.nonzero(f == thresh, as_tuple=False).reshape(-1)
+        n_below = n_not_above - ties.numel()
+        keep[ties[k - n_below:]] = True
     return keep
 
 

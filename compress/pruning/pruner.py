@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from compress.distributed import assert_same_across_ranks, tensor_checksum
-from compress.errors import UsageError
+from compress.errors import IntegrityError, UsageError
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, save_masks
 from compress.pruning.masks import get_criterion, get_scope
 from compress.pruning.schedules import Schedule
@@ -27,10 +27,13 @@ class PrunerStateError(RuntimeError):
 
 
 @torch.no_grad()
-def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> None:
-    """Zero every masked entry in place (+0.0, so the stored bits are the same every time)."""
+def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
+                pruned: dict[str, torch.Tensor] | None = None) -> None:
+    """Zero every masked entry in place (+0.0, so the stored bits are the same every time).
+
+    ``pruned`` (the negated masks) can be passed to save a negation per tensor and step."""
     for name, m in masks.items():
-        params[name].masked_fill_(~m, 0.0)
+        params[name].masked_fill_(pruned[name] if pruned is not None else ~m, 0.0)
 
 
 class MagnitudePruner:
@@ -50,6 +53,7 @@ class MagnitudePruner:
         self.seed = seed
         self.initial_masks = initial_masks or {}
         self.masks: dict[str, torch.Tensor] = {}
+        self._pruned: dict[str, torch.Tensor] = {}  # ~masks, kept to make the per-step apply cheap
         self.phase = "new"
         self.last_pruned_step: int | None = None
         self.history: list[dict] = []
@@ -63,6 +67,7 @@ class MagnitudePruner:
         for n, m in self.initial_masks.items():
             if n in self.masks:
                 self.masks[n] &= m.to(self.masks[n].device)
+        self._pruned = {n: ~m for n, m in self.masks.items()}
         if self.criterion_name == "random":
             # Drawn once in sorted-name order from one seeded generator: the same on every rank,
             # and nested across gradual steps.
@@ -85,7 +90,7 @@ class MagnitudePruner:
     def apply_masks(self) -> None:
         if self.phase == "new":
             raise PrunerStateError("apply_masks() before initialize()")
-        apply_masks(self.params, self.masks)
+        apply_masks(self.params, self.masks, self._pruned)
 
     def finalize(self) -> dict[str, torch.Tensor]:
         """Fix the masks. If training ended before the schedule did, prune to the final sparsity
@@ -102,17 +107,18 @@ class MagnitudePruner:
     @torch.no_grad()
     def _prune(self, step: int, at_finalize: bool = False) -> None:
         target = self.schedule.sparsity_at(step)
-        g = torch.Generator().manual_seed(self.seed)
-        scores = {}
-        for n, p in self.params.items():
-            s = self._fixed_scores[n].clone() if self._fixed_scores is not None else self._criterion(p, g)
-            s[~self.masks[n]] = float("-inf")  # already pruned goes first: masks are nested
-            scores[n] = s
-        new = self._scope(scores, target)
-        self.masks = {n: new[n].to(self.masks[n].device) & self.masks[n] for n in self.params}
+        if target > 0:  # nothing to compute at zero sparsity (initial masks are already in)
+            g = torch.Generator().manual_seed(self.seed)
+            scores = {}
+            for n, p in self.params.items():
+                s = self._fixed_scores[n].clone() if self._fixed_scores is not None else self._criterion(p, g)
+                scores[n] = s.masked_fill_(self._pruned[n], float("-inf"))  # pruned go first: nested
+            new = self._scope(scores, target)
+            self.masks = {n: new[n].to(self.masks[n].device) & self.masks[n] for n in self.params}
+            self._pruned = {n: ~m for n, m in self.masks.items()}
         assert_same_across_ranks(tensor_checksum(self.masks), f"pruning masks at step {step}")
         self.last_pruned_step = step
-        pruned = sum(int((~m).sum()) for m in self.masks.values())
+        pruned = sum(int(torch.count_nonzero(m)) for m in self._pruned.values())
         total = sum(m.numel() for m in self.masks.values())
         self.history.append({"step": step, "target": round(target, 6), "sparsity": pruned / total,
                              **({"at_finalize": True} if at_finalize else {})})
@@ -125,6 +131,7 @@ class MagnitudePruner:
     def load_state_dict(self, state: dict) -> None:
         self.masks = {n: state["masks"][n].to(self.masks[n].device if n in self.masks else "cpu")
                       for n in self.params}
+        self._pruned = {n: ~m for n, m in self.masks.items()}
         self.phase = state["phase"]
         last = int(state["last_pruned_step"])
         self.last_pruned_step = None if last < 0 else last
@@ -132,20 +139,43 @@ class MagnitudePruner:
         self.apply_masks()
 
 
+class _MaskGuard:
+    """The integrity check a hook runs after optimizer steps.
+
+    Every step (O(1)): ``module`` still holds the very tensors the masks are applied to, so a
+    replaced or re-tied parameter cannot silently escape its mask. Every ``check_every`` steps and at
+    the last step: the full check that every masked weight of ``module`` is zero (a pass over all
+    pruned matrices; ~22M weights for MiniLM, too slow to pay on every CPU step).
+    """
+
+    def __init__(self, module: torch.nn.Module, check_every: int = 50):
+        self.module, self.check_every, self.total = module, check_every, None
+
+    def __call__(self, params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], step: int) -> None:
+        live = named_weights(self.module)
+        for n, p in params.items():
+            if live.get(n) is not p:
+                raise IntegrityError(f"parameter {n} was replaced during training, so its mask no longer "
+                                     "applies to the model's weights")
+        if step % self.check_every == 0 or step == self.total:
+            check_masks(self.module, masks)
+
+
 class PruningHook(TrainHook):
     """Drives a ``MagnitudePruner`` from the training loop and checks ``module`` after each step."""
 
-    def __init__(self, pruner: MagnitudePruner, module: torch.nn.Module, check: bool = True):
-        self.pruner, self.module, self.check = pruner, module, check
+    def __init__(self, pruner: MagnitudePruner, module: torch.nn.Module, check_every: int = 50):
+        self.pruner, self.module = pruner, module
+        self.guard = _MaskGuard(module, check_every)
 
     def on_train_begin(self, model, total_steps: int) -> None:
+        self.guard.total = total_steps
         if self.pruner.phase == "new":
             self.pruner.initialize()
 
     def on_step_end(self, model, step: int) -> None:
         self.pruner.step(step)
-        if self.check:
-            check_masks(self.module, self.pruner.masks)
+        self.guard(self.pruner.params, self.pruner.masks, step)
 
     def state_dict(self) -> dict:
         return self.pruner.state_dict()
@@ -161,18 +191,22 @@ class KeepMasksHook(TrainHook):
     step keeps the zero pattern bit-identical. ``save`` writes the masks beside the saved model.
     """
 
-    def __init__(self, module: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict):
+    def __init__(self, module: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict,
+                 check_every: int = 50):
         self.module, self.meta = module, meta
         params = named_weights(module)
         self.params = {n: params[n] for n in masks}
         self.masks = {n: m.to(self.params[n].device) for n, m in masks.items()}
+        self._pruned = {n: ~m for n, m in self.masks.items()}
+        self.guard = _MaskGuard(module, check_every)
 
     def on_train_begin(self, model, total_steps: int) -> None:
-        apply_masks(self.params, self.masks)
+        self.guard.total = total_steps
+        apply_masks(self.params, self.masks, self._pruned)
 
     def on_step_end(self, model, step: int) -> None:
-        apply_masks(self.params, self.masks)
-        check_masks(self.module, self.masks)
+        apply_masks(self.params, self.masks, self._pruned)
+        self.guard(self.params, self.masks, step)
 
     def save(self, run_path: Path) -> None:
         model_dir = Path(run_path) / "model"
