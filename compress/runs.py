@@ -56,6 +56,15 @@ def environment(seed: int | None = None) -> dict[str, Any]:
     return info
 
 
+def _read_or_none(path: Path, parse) -> Any:
+    """A small file of an interrupted run, parsed; None when missing or damaged (it is rewritten:
+    the checkpoint, not this file, holds the run's progress)."""
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
+        return None
+
+
 def launch_rank() -> tuple[int, int]:
     """(rank, world size) of this process in a torchrun/accelerate launch; (0, 1) otherwise.
 
@@ -218,8 +227,8 @@ class RunDir:
 
     def write_config(self, cfg: dict[str, Any]) -> None:
         path = self.path / "config.yaml"
-        if self.resumed and path.is_file():
-            old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        old = _read_or_none(path, yaml.safe_load) if self.resumed else None
+        if isinstance(old, dict):
             ignore = {"resume"}
             diff = sorted(k for k in set(old) | set(cfg) if k not in ignore and old.get(k) != cfg.get(k))
             if diff:
@@ -231,8 +240,8 @@ class RunDir:
     def write_env(self, seed: int | None) -> None:
         path = self.path / "env.json"
         env = environment(seed)
-        if self.resumed and path.is_file():
-            first = json.loads(path.read_text(encoding="utf-8"))
+        first = _read_or_none(path, json.loads) if self.resumed else None
+        if isinstance(first, dict):
             first.setdefault("resumes", []).append(env)
             env = first
         write_json(path, env)

@@ -99,3 +99,19 @@ def test_a_crash_before_the_first_checkpoint_propagates_and_leaves_nothing(tiny_
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(["finetune", "--model", str(tiny_classifier), *ARGS, "--out", str(tmp_path / "r")])
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_model_file_is_one_line_and_leaves_nothing(tiny_classifier, tmp_path, capsys, damage):  # noqa: F811
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_classifier, model)
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 3] if damage == "truncate" else b"\x00garbage" * 100)
+    code = main(["finetune", "--model", str(model), *ARGS, "--out", str(tmp_path / "r")])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith("compress finetune: error: could not load model"), err
+    assert not (tmp_path / "r").exists() and not (tmp_path / ".tmp-r").exists()

@@ -148,3 +148,16 @@ def test_a_failed_resume_never_removes_the_interrupted_run(tmp_path):
     with pytest.raises(DataError), RunDir("x", out=tmp_path / "r", resume=True):
         raise DataError("still bad")
     assert (tmp_path / ".tmp-r").is_dir()
+
+
+def test_resume_survives_damaged_config_and_env_files(tmp_path):
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
+        _checkpoint(run, 2)
+        raise KeyboardInterrupt
+    (tmp_path / ".tmp-r" / "config.yaml").write_bytes(b"lr: [0.1\n\xff")  # torn / not UTF-8
+    (tmp_path / ".tmp-r" / "env.json").write_text('{"seed": 1')
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        run.write_config({"lr": 0.1})
+        run.write_env(1)
+    assert (tmp_path / "r" / "config.yaml").read_text() == "lr: 0.1\n"
+    assert json.loads((tmp_path / "r" / "env.json").read_text())["seed"] == 1
