@@ -91,3 +91,30 @@ def test_distill_reuses_teacher_logits_across_runs(tiny_teacher, tmp_path, monke
     # the same student and seed on the same cached targets train to the same result
     s1 = json.loads((first / "summary.json").read_text())["student_eval"]
     assert summary["student_eval"]["accuracy"] == s1["accuracy"]
+
+
+def test_interrupted_run_resumes_without_rerunning_the_teacher(tiny_teacher, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real_predict, real_train = workflow.teacher_predict, workflow.train_student
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return real_predict(*args, **kwargs)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workflow, "teacher_predict", counting)
+    monkeypatch.setattr(workflow, "train_student", interrupted)
+    cfg = dict(student="logreg", teacher=str(tiny_teacher), epochs=1, max_length=32,
+               out=str(tmp_path / "run"))
+    with pytest.raises(KeyboardInterrupt):
+        workflow.run_distill(workflow.DistillConfig(**cfg))
+    kept = tmp_path / ".tmp-run"
+    assert (kept / "teacher_logits" / "transfer.safetensors").is_file() and calls["n"] == 2
+    monkeypatch.setattr(workflow, "train_student", real_train)
+    done = workflow.run_distill(workflow.DistillConfig(**cfg, resume=True))
+    assert calls["n"] == 2  # the cached logits were read, the teacher did not run again
+    assert json.loads((done / "summary.json").read_text())["teacher_logits"] == {
+        "transfer": "cache", "eval": "cache"}
+    assert not kept.exists()
