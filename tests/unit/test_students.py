@@ -191,3 +191,25 @@ def test_vectors_file_mapped_onto_wordpiece_vocab():
     assert mat.shape == (5, 2) and coverage == pytest.approx(3 / 5)
     assert mat[1].tolist() == [1.0, 2.0] and mat[2].tolist() == [3.0, 4.0] and mat[3].tolist() == [3.0, 4.0]
     assert mat[0].tolist() == [0.0, 0.0]
+
+
+def test_vectors_text_file_with_word2vec_header(tmp_path):
+    from compress.distill.embeddings import initial_embeddings, read_vectors
+    from compress.errors import DataError
+    from compress.models import load_tokenizer
+
+    f = tmp_path / "vec.txt"
+    f.write_text("3 4\nfilm 1 2 3 4\nthe 0.5 0.5 0.5 0.5\nplay 1 1 1 1\n")
+    assert set(read_vectors(f)) == {"film", "the", "play"}
+    tok = load_tokenizer("minilm")
+    mat, info = initial_embeddings(str(f), None, tok)
+    vocab = tok.get_vocab()
+    assert mat.shape == (len(vocab), 4) and info["dim"] == 4
+    assert mat[vocab["film"]].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert mat[vocab["##play"]].tolist() == [1.0, 1.0, 1.0, 1.0]  # a ## piece takes its word's vector
+    assert mat[tok.pad_token_id].abs().sum() == 0
+    assert 0 < info["vocab_coverage"] < 0.01
+    bad = tmp_path / "bad.txt"
+    bad.write_text("film 1 2\nthe 1 2 3\n")
+    with pytest.raises(DataError, match="bad.txt:2"):
+        read_vectors(bad)
