@@ -7,7 +7,6 @@ An example is a dict with ``input_ids`` (list of int), ``teacher`` (a logits row
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable
@@ -107,7 +106,6 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
         torch.set_rng_state(state["rng_torch"])
         start = int(state["epoch"])
     step, t0, last = 0, time.time(), float("nan")
-    quiet = os.environ.get("COMPRESS_NO_PROGRESS") == "1"
     for epoch in range(start, cfg.epochs):
         model.train()
         g = torch.Generator().manual_seed(cfg.seed + epoch)
@@ -140,11 +138,10 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
             record["eval"] = epoch_end(epoch + 1)
         if log:
             log(record)
-        if not quiet:
-            ev = record.get("eval", {}).get("score")
-            print(f"  epoch {epoch + 1}/{cfg.epochs}: loss {last:.4f}"
-                  + (f", dev {ev:.4f}" if ev is not None else "") + f" ({record['seconds']}s)",
-                  flush=True)
+        # one line per epoch: not a progress bar, so COMPRESS_NO_PROGRESS leaves it on
+        ev = record.get("eval", {}).get("score")
+        print(f"  epoch {epoch + 1}/{cfg.epochs}: loss {last:.4f}"
+              + (f", dev {ev:.4f}" if ev is not None else "") + f" ({record['seconds']}s)", flush=True)
         if checkpoint is not None:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
             tmp = checkpoint.with_name(checkpoint.name + ".tmp")
