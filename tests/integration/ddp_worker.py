@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     hook = MagnitudeMaskHook(model, diverge_rank=1 if args.diverge else None)
     records: list[dict] = []
     cfg = TrainConfig(lr=1e-3, max_steps=args.steps, batch_size=args.batch_size, max_length=32,
-                      warmup_ratio=0.0, log_every=1, seed=3)
+                      warmup_ratio=0.0, log_every=1, seed=3, rank_check_every=1)
     rank = int(os.environ.get("RANK", "0"))
     try:
         result = train(model, tok, feats, cfg, [hook], log=records.append)
