@@ -53,6 +53,8 @@ def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs,
 def run_suite(task: str, args: argparse.Namespace) -> dict:
     """Teacher (fine-tuned or given), then KD and --no-kd runs of every student; returns the report."""
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
+    if (Path(args.data_dir) / "nltk_data").is_dir():  # the tagger data shipped with the data folder
+        os.environ.setdefault("NLTK_DATA", str(Path(args.data_dir) / "nltk_data"))
     lrs = dict(DEFAULT_LR)
     for item in args.lr:
         name, _, value = item.partition("=")
