@@ -28,7 +28,7 @@ from compress.pruning.pruner import MagnitudePruner, PruningHook, matching_masks
 from compress.pruning.schedules import SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.runs import RunDir, write_json
-from compress.training import TrainConfig, encode, train
+from compress.training import TrainConfig, encode, set_seed, train
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,7 @@ def prune_finetune(cfg: PruneConfig) -> Path:
     """Prune while fine-tuning on a task: masks follow the schedule, then stay fixed."""
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
+    set_seed(cfg.seed)  # a fresh task head is initialised here: same seed, same run
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     n_steps = total_steps(cfg, len(data["train"]))
     pruner, hooks = None, []
@@ -219,6 +220,7 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
     """Fine-tune dense, prune (oneshot or gradual), keep training with masks to recover."""
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
+    set_seed(cfg.seed)  # a fresh task head is initialised here: same seed, same run
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     n_dense = total_steps(cfg, len(data["train"]))
     n_recover = cfg.recovery_steps or n_dense

@@ -55,7 +55,11 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
         names = sorted(n for n in masks if n in params)
     else:
         names = sorted(n for n in params if any(re.search(d, n) for d in DEFAULT_TARGETS))
-    n_heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
+    config = getattr(model, "config", None)
+    n_heads = getattr(config, "num_attention_heads", None)
+    # head size from the config; the head count per layer from the matrix, since structured pruning
+    # leaves layers with different numbers of heads
+    head_dim = config.hidden_size // n_heads if n_heads else None
 
     matrices, layers = {}, {}
     groups = {"embeddings": [0, 0], "encoder": [0, 0], "other": [0, 0], "global": [0, 0]}
@@ -77,12 +81,12 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
             lz = layers.setdefault(layer, [0, 0])
             lz[0] += zeros
             lz[1] += numel
-        if kind in HEAD_KINDS and n_heads and w.ndim == 2:
+        if kind in HEAD_KINDS and head_dim and w.ndim == 2:
             zero = (w == 0)
             # Q/K/V: a head's rows (output features); attention output: its columns (input features).
-            per = zero.reshape(n_heads, -1, w.shape[1]) if kind != "attn_out" \
-                else zero.reshape(w.shape[0], n_heads, -1).transpose(0, 1)
-            head_zero.setdefault(layer, {})[kind] = per.reshape(n_heads, -1).sum(1).tolist()
+            per = zero.reshape(-1, head_dim, w.shape[1]) if kind != "attn_out" \
+                else zero.reshape(w.shape[0], -1, head_dim).transpose(0, 1)
+            head_zero.setdefault(layer, {})[kind] = per.reshape(per.shape[0], -1).sum(1).tolist()
             head_size.setdefault(layer, {})[kind] = per[0].numel()
 
     heads = {}
@@ -90,7 +94,8 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
     for layer in sorted(head_zero):
         kinds = head_zero[layer]
         per_kind = {k: [z / head_size[layer][k] for z in kinds[k]] for k in kinds}
-        total_zero = [sum(kinds[k][h] for k in kinds) for h in range(n_heads)]
+        n_layer_heads = len(next(iter(kinds.values())))
+        total_zero = [sum(kinds[k][h] for k in kinds) for h in range(n_layer_heads)]
         total_size = sum(head_size[layer][k] for k in kinds)
         per_head = [z / total_size for z in total_zero]
         all_heads.extend(per_head)

@@ -185,3 +185,29 @@ def test_bad_input_one_line_no_run_folder(tiny_bert, tmp_path, args, code, needl
 def test_verify_bad_input(tmp_path):
     r = run_cli("verify", str(tmp_path))
     assert r.returncode == 1 and "not a run folder" in r.stderr
+
+
+def test_structured_calls_prune_structured_then_recovers(tiny_bert, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_bert), "--structured", "heads,ffn", "--sparsity", "0.5",
+                "--max-steps", "2", *FAST, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["structured"]["heads_removed"] > 0 and s["structured"]["ffn_removed"] > 0
+    assert s["steps"] == 2 and not (out / "masks.safetensors").exists()
+    report = json.loads((out / "sparsity.json").read_text())
+    heads = s["structured"]["layer_heads"]
+    assert [len(report["heads"][str(i)]["per_head"]) for i in range(len(heads))] == heads
+
+
+def test_same_seed_same_masks_and_weights(pruned_run, tiny_bert, tmp_path):
+    out, _ = pruned_run
+    again = tmp_path / "again"
+    r = run_cli("prune", "--model", str(tiny_bert), "--sparsity", "0.4", "--max-steps", "6", *FAST,
+                "--out", str(again))
+    assert r.returncode == 0, r.stderr
+    a, b = load_file(str(out / "masks.safetensors")), load_file(str(again / "masks.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    wa = load_file(str(out / "model" / "model.safetensors"))
+    wb = load_file(str(again / "model" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
