@@ -1,1 +1,13 @@
-"""pruning building blocks."""
+"""Pruning building blocks.
+
+Unstructured magnitude pruning (Gordon, Duh & Andrews 2020), as pure pieces plus one stateful object:
+
+- ``schedules``: ``sparsity_at(step)`` for oneshot and Zhu & Gupta gradual (cubic) schedules;
+- ``masks``: ``mask_from_scores(scores, sparsity)``, local/global scopes, magnitude/random criteria;
+- ``targets``: which parameters (Q, K, V, attention output, FFN in/out, word embeddings by default);
+- ``pruner``: ``MagnitudePruner`` (initialize / step / apply_masks / finalize) and training hooks;
+- ``integrity``: masked weights must stay zero (``check_masks``, ``verify_run``);
+- ``mlm``: continued masked-LM pre-training (corpus, 80/10/10 masking, held-out loss).
+
+``structured`` (whole heads / FFN neurons) is separate. The workflows live in ``compress.prune``.
+"""
