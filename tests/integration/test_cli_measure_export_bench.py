@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore")]
 
 
 def _one_line_error(proc, code: int) -> str:
