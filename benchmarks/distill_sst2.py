@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compress.distill.workflow import DistillConfig, run_distill  # noqa: E402
 from compress.finetune import FinetuneConfig, run_finetune  # noqa: E402
 from compress.runs import artifacts_root, environment, write_json  # noqa: E402
+from students.registry import STUDENTS  # noqa: E402
 
-DEFAULT_LR = {"bilstm": 1e-3, "kimcnn": 1e-3, "logreg": 5e-3}
+DEFAULT_LR = {name: entry.default_lr for name, entry in STUDENTS.items()}
 
 
 def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs, max_length,

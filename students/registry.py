@@ -20,6 +20,9 @@ class StudentEntry:
     config_class: type[StudentConfig]
     model_class: type[Student]
     description: str
+    #: Adam learning rate used when --lr is not given. The linear model on l2-normalised tf-idf
+    #: needs large weights and so a larger step than the neural students.
+    default_lr: float = 1e-3
 
 
 STUDENTS: dict[str, StudentEntry] = {
@@ -28,7 +31,8 @@ STUDENTS: dict[str, StudentEntry] = {
     "kimcnn": StudentEntry(KimCNNConfig, KimCNNStudent,
                            "Kim (2014) CNN: widths 3,4,5, max-over-time pooling, dropout"),
     "logreg": StudentEntry(LogRegConfig, LogRegStudent,
-                           "logistic regression on in-graph tf-idf of WordPiece uni+bigrams"),
+                           "logistic regression on in-graph tf-idf of WordPiece uni+bigrams",
+                           default_lr=3e-2),
 }
 
 STUDENT_FILE = "student.json"

@@ -25,6 +25,7 @@ HELPS = {
     "kd_lambda": "weight of the distillation term: L = L_task + lambda L_KD "
                  "(default 4 single-label, 1 multi-label)",
     "no_kd": "train the same student on gold labels only (the baseline)",
+    "lr": "student Adam learning rate (default: per student, 1e-3 bilstm/kimcnn, 3e-2 logreg)",
     "teacher_epochs": "epochs when fine-tuning the teacher first (--teacher minilm)",
     "teacher_cache": "an earlier distill run folder whose cached teacher logits to reuse",
     "out": "run folder to create", "resume": "continue an interrupted run in --out",

@@ -58,7 +58,7 @@ class DistillConfig:
     kd_lambda: float | None = None  # None: 4 single-label, 1 multi-label (Adhikari et al. 2020)
     no_kd: bool = False
     # student training
-    lr: float = 1e-3
+    lr: float | None = None  # None: the student's default_lr in the registry
     epochs: int = 10
     batch_size: int = 64
     weight_decay: float = 0.0
@@ -83,7 +83,8 @@ class DistillConfig:
         check_range("augment", self.augment, 0)
         check_range("max_length", self.max_length, 8, 512)
         check_range("epochs", self.epochs, 1)
-        check_range("lr", self.lr, 0, None, lo_open=True)
+        if self.lr is not None:
+            check_range("lr", self.lr, 0, None, lo_open=True)
         check_range("batch_size", self.batch_size, 1)
         check_range("teacher_epochs", self.teacher_epochs, 0, None, lo_open=True)
         for lim in ("train_limit", "eval_limit"):
@@ -157,7 +158,8 @@ def run_distill(cfg: DistillConfig) -> Path:
     tokenizer = load_tokenizer(cfg.teacher)
     if "special_ids" in entry.config_class.__dataclass_fields__:
         options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
-    train_cfg = StudentTrainConfig(lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
+    lr = cfg.lr if cfg.lr is not None else entry.default_lr
+    train_cfg = StudentTrainConfig(lr=lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
                                    weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
                                    multilabel=multilabel)
@@ -168,7 +170,7 @@ def run_distill(cfg: DistillConfig) -> Path:
 
     with RunDir("distill", name=cfg.name or f"{spec.name}-{cfg.student}-{mode}", out=cfg.out,
                 resume=cfg.resume) as run:
-        run.write_config({**to_dict(cfg), "resolved_kd_lambda": kd_lambda})
+        run.write_config(to_dict(cfg))  # resolved lambda and lr are in summary.json
         run.write_env(cfg.seed)
         t_start = time.time()
 
@@ -279,7 +281,7 @@ def run_distill(cfg: DistillConfig) -> Path:
             "command": "distill", "task": spec.name, "metric": spec.metric, "student": cfg.student,
             "mode": mode, "teacher": teacher_spec, "teacher_finetuned_here": finetune_first,
             "kd_loss": None if cfg.no_kd else kd_loss_name(multilabel), "kd_lambda": kd_lambda,
-            "temperature": cfg.temperature, "student_config": to_dict(scfg),
+            "temperature": cfg.temperature, "lr": lr, "student_config": to_dict(scfg),
             "embeddings": emb_info,
             "train_examples": len(train_ds), "augmented_examples": 0 if cfg.no_kd else len(aug_texts),
             "eval_examples": len(eval_ds), "teacher_logits": {"transfer": train_from, "eval": eval_from},
