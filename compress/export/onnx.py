@@ -299,15 +299,22 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
     from onnxruntime.transformers.optimizer import optimize_model
 
     # Per-layer fusion warnings ("Input hidden size (288) is not same as ...") describe pruned
-    # layers correctly handled from the pinned Reshape shapes; keep only errors.
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    # layers that are handled from the pinned Reshape shapes; only errors are let through.
+    quiet = [logging.getLogger(n) for n in ("fusion_attention", "onnxruntime.transformers")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.ERROR)
     if num_heads == 0:
         work = Path(dst).with_suffix(".pinned.onnx")
         shutil.copyfile(src, work)
         pin_attention_heads(work)
         src = work
-    opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
-                         opt_level=0, use_gpu=False)
+    try:
+        opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
+                             hidden_size=hidden_size, opt_level=0, use_gpu=False)
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
     opt.save_model_to_file(str(dst))
     if num_heads == 0:
         Path(src).unlink()
