@@ -101,11 +101,14 @@ def _fmt_int(n: int | None) -> str:
 def format_measure(r: dict[str, Any]) -> str:
     """The human-readable report printed by ``compress measure``."""
     p = r["params"]
-    sparsity = p.get("encoder_matrix_sparsity", p["encoder_sparsity"])
+    if r["kind"] == "onnx":
+        zeros = (f"fp32 weight-matrix sparsity {p['float_matrix_sparsity']:.1%}; int8 weights "
+                 f"{_fmt_int(p['int8_elements'])}, {p['int8_zero_fraction']:.1%} zero (rounding included)")
+    else:
+        zeros = f"encoder weight-matrix sparsity {p['encoder_matrix_sparsity']:.1%}"
     lines = [f"model: {r['model']} ({r['kind']})",
              f"parameters: total {_fmt_int(p['total'])}, embeddings {_fmt_int(p.get('embeddings'))}, "
-             f"encoder {_fmt_int(p.get('encoder'))}, non-zero {_fmt_int(p['nonzero'])} "
-             f"(encoder weight-matrix sparsity {sparsity:.1%})"]
+             f"encoder {_fmt_int(p.get('encoder'))}, non-zero {_fmt_int(p['nonzero'])} ({zeros})"]
     f = r.get("flops")
     if f:
         lines += [
@@ -133,6 +136,11 @@ def format_measure(r: dict[str, Any]) -> str:
     if d:
         lines.append(f"on disk: {d['bytes'] / 1e6:.2f} MB raw, {d['gzip_bytes'] / 1e6:.2f} MB gzip "
                      f"({d['gzip_ratio']:.0%}) [{', '.join(d['files'])}]")
+    if r.get("matrices"):
+        lines += ["", f"{'initializer':<60} {'shape':>16} {'dtype':>8} {'zeros':>7}"]
+        for m in r["matrices"]:
+            shape = "x".join(str(d) for d in m["shape"])
+            lines.append(f"{m['name'][-60:]:<60} {shape:>16} {m['dtype']:>8} {m['sparsity']:7.1%}")
     if r.get("sparsity_note"):
         lines.append(r["sparsity_note"])
     if r.get("sparsity_table"):
