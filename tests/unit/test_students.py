@@ -213,3 +213,24 @@ def test_vectors_text_file_with_word2vec_header(tmp_path):
     bad.write_text("film 1 2\nthe 1 2 3\n")
     with pytest.raises(DataError, match="bad.txt:2"):
         read_vectors(bad)
+
+
+@pytest.mark.parametrize("name", ["logreg", "kimcnn"])
+def test_onnx_export_matches_torch_on_another_padded_batch(name, tmp_path):
+    import warnings
+
+    ort = pytest.importorskip("onnxruntime")
+    model = _make(name).eval()
+    ids, mask = _batch()
+    path = tmp_path / f"{name}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (ids[:1], mask[:1]), str(path), input_names=["input_ids", "attention_mask"],
+                          output_names=["logits"], opset_version=17, dynamo=False,
+                          dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
+                                        "attention_mask": {0: "batch", 1: "seq"}})
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    with torch.no_grad():
+        expected = model(ids, mask).numpy()
+    assert np.abs(got - expected).max() < 1e-5
