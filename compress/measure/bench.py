@@ -73,14 +73,19 @@ def parse_entry(item: str) -> tuple[str, str]:
 
 
 def _flops_source(path: str) -> str | None:
-    """The PyTorch model an ONNX file was exported from (its ``compress export`` report), if known."""
+    """The PyTorch model an ONNX file was exported from (its ``compress export`` report), if that
+    model can still be found from here; else None (no GFLOP/s for that file)."""
+    from compress.errors import ModelError
+
     report = Path(path).with_suffix(".json")
-    if report.is_file():
-        try:
-            return json.loads(report.read_text(encoding="utf-8"))["config"]["model"]
-        except (KeyError, ValueError):
-            return None
-    return None
+    if not report.is_file():
+        return None
+    try:
+        src = json.loads(report.read_text(encoding="utf-8"))["config"]["model"]
+        _validate_model_path(src)
+    except (KeyError, ValueError, ModelError):
+        return None
+    return src
 
 
 def _inputs(names: tuple[str, ...], vocab: int, batch: int, length: int) -> dict[str, torch.Tensor]:
