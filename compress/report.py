@@ -555,6 +555,14 @@ def _pipeline_report(root: Path) -> str:
           f"{ref or 'the largest model'}. CSV: [report/models.csv](report/models.csv).", "",
           _md_table(["model", "params", "FLOPs", "latency ms", "dev score", "params ratio", "speedup"],
                     [[r.get(k) for k in header] for r in table]), ""]
+    bench_rows = [[r.get(k) for k in ("model", "runtime", "batch", "seq_len", "median_ms", "p90_ms")]
+                  for r in (bench or {}).get("rows", [])]
+    if bench_rows:
+        _write_csv(out_dir / "bench.csv", ["model", "runtime", "batch", "seq_len", "median_ms", "p90_ms"],
+                   bench_rows)
+        md += ["## Latency (compress bench)", "", "Every timed model and runtime; CSV: "
+               "[report/bench.csv](report/bench.csv).", "",
+               _md_table(["model", "runtime", "batch", "tokens", "median ms", "p90 ms"], bench_rows), ""]
     scored = [r for r in table if r["score"] is not None and r["params"]]
     if len(scored) >= 2:
         plt = _plt()

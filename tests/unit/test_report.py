@@ -185,6 +185,9 @@ def test_pipeline_folder_report(tmp_path):
     rows = {r["model"]: r for r in _read_csv(root / "report" / "models.csv")}
     assert float(rows["bilstm-kd"]["speedup"]) == pytest.approx(10.0)  # 20 ms / 2 ms at batch 1
     assert float(rows["bilstm-kd"]["params_ratio"]) == pytest.approx(1 / 22)
+    bench = _read_csv(root / "report" / "bench.csv")
+    assert [(r["model"], r["batch"], float(r["median_ms"])) for r in bench] == [
+        ("teacher", "1", 20.0), ("teacher", "32", 300.0), ("bilstm-kd", "1", 2.0)]
     curve = _read_csv(root / "report" / "lstm_hidden_curve.csv")
     assert [(r["hidden_size"], float(r["score"])) for r in curve] == [("64", 0.8), ("256", 0.86)]
 
