@@ -14,10 +14,10 @@ from compress.models import load_classifier, save_model
 from compress.qa.options import QAOptions
 from compress.qa.workflow import eval_qa, finetune_qa
 from compress.retrieval.workflow import eval_reqa, finetune_reqa
-from compress.runs import RunDir
+from compress.runs import RunDir, launch_rank
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
 from compress.tasks.base import TextDataset
-from compress.training import TrainConfig, TrainHook, encode, make_collate, predict, train
+from compress.training import TrainConfig, TrainHook, encode, make_collate, predict, set_seed, train
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     """The classification/multi-label workflow of ``run_finetune``."""
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
+    set_seed(cfg.seed)  # the fresh task head is initialised from the global RNG
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     hooks = list(hook_factory(model)) if hook_factory else []
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
@@ -125,7 +126,7 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
         t0 = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
         result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,
-                       checkpoint_dir=run.path / "checkpoint", resume=cfg.resume)
+                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume)
         train_s = time.time() - t0
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
@@ -141,9 +142,10 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
                    "steps": result["steps"], "train_seconds": round(train_s, 1),
                    "metric": spec.metric, "eval": metrics}
         run.write_summary(summary)
-        shutil.rmtree(run.path / "checkpoint", ignore_errors=True)
-    print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} {spec.eval_split} "
-          f"examples ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    if launch_rank()[0] == 0:
+        print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} {spec.eval_split} "
+              f"examples ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
     return run.path
 
 

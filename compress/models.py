@@ -105,6 +105,8 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
     )
     if not same_head:
         kwargs["ignore_mismatched_sizes"] = True
+    import compress.pruning.structured  # noqa: F401 - registers the structured-pruned model type
+
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     except Exception as exc:  # noqa: BLE001

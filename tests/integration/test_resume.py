@@ -157,8 +157,6 @@ def test_resume_refuses_changed_options_and_keeps_the_run(tiny_classifier, refer
     assert r.returncode == 2 and "--resume needs --out" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="compress/finetune.py loads the model (fresh head: random init) "
-                   "before train() seeds; seed before load_classifier, then remove this marker")
 def test_same_seed_same_metrics_from_an_encoder_without_head(tiny_bert, tmp_path):
     runs = []
     for name in ("a", "b"):
