@@ -243,3 +243,30 @@ def test_cli_errors_are_one_line_and_leave_no_folder(tmp_path, fake_runner):
     (tmp_path / "busy" / "x").write_text("x")
     res = run_cli("sweep", "--out", str(tmp_path / "busy"), "--runner", fake_runner)
     assert res.returncode == 2 and "not a sweep folder" in res.stderr
+
+
+def test_ctrl_c_stops_the_sweep_and_rerun_finishes_it(tmp_path, fake_runner):
+    """SIGINT to the process group (what Ctrl-C in a terminal sends): exit 130, the state records
+    the interrupted cell, and the same command completes the sweep."""
+    sweep = tmp_path / "sw"
+    args = ["sweep", "--sparsities", "0,0.5", "--tasks", "sst2", "--variants", "magnitude",
+            "--out", str(sweep), "--runner", fake_runner]
+    env = {**os.environ, "FAKE_SLOW": "ft-sst2-magnitude-s50", "FAKE_SLEEP": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "compress", *args], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (sweep / ".tmp-ft-sst2-magnitude-s50-lr5e-05" / "started").is_file())
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "re-run the same command" in err
+    state = {c["name"]: c for c in json.loads((sweep / "sweep.json").read_text())["cells"]}
+    assert state["ft-sst2-magnitude-s50-lr5e-05"]["status"] == "interrupted"
+    assert state["ft-sst2-dense-lr5e-05"]["status"] == "finished"
+    assert not (sweep / ".lock").exists()
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert _counts(sweep) == {"ft-sst2-dense-lr5e-05": 1, "ft-sst2-magnitude-s50-lr5e-05": 2}
