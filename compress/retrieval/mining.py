@@ -132,6 +132,16 @@ def mine_pairs(model, tokenizer, ds: ReQADataset, bm25: np.ndarray, top_k: int, 
     return [(i, j, float(pi) ** 2) for (i, j), pi in zip(cand, p) if pi >= threshold]
 
 
+def teacher_accuracy(model, tokenizer, ds: ReQADataset, cfg, n_questions: int = 200) -> float:
+    """Accuracy of the cross-encoder at p >= threshold on held-out pairs built like its training
+    pairs (gold + one negative each): a teacher near 0.5 would mine noise."""
+    bm25 = bm25_order(ds.questions[:n_questions], ds.sentences, k=10)
+    pairs, _ = cross_encoder_examples(ds.subset(n_questions), bm25, cfg.seed)
+    p = relevance_probabilities(model, tokenizer, pairs.texts, pairs.pairs, cfg.max_length,
+                                cfg.eval_batch_size)
+    return float(np.mean((p >= cfg.mining_threshold) == (np.array(pairs.labels) == 1)))
+
+
 def _teacher(cfg: ReQAMiningConfig, ds: ReQADataset, bm25: np.ndarray):
     """A ready cross-encoder, or one fine-tuned now from ``cfg.teacher``; returns (model, tok, info)."""
     meta = read_meta(resolve_model(cfg.teacher))
@@ -156,7 +166,10 @@ def run_reqa_mining_distill(cfg: ReQAMiningConfig, command: str = "distill") -> 
     mined = mine_pairs(teacher, tok, train_ds, bm25, cfg.mining_top_k, cfg.mining_threshold,
                        cfg.max_length, cfg.eval_batch_size)
     gold = gold_pairs(train_ds)
-    info.update({"mined_pairs": len(mined), "gold_pairs": len(gold),
+    info["teacher_dev_accuracy"] = teacher_accuracy(teacher, tok, data["dev"], cfg)
+    n_cand = sum(1 for i in range(len(train_ds)) for j in bm25[i][:cfg.mining_top_k]
+                 if int(j) not in train_ds.gold[i])
+    info.update({"mined_pairs": len(mined), "gold_pairs": len(gold), "mining_candidates": n_cand,
                  "mined_weight_mean": float(np.mean([w for _, _, w in mined])) if mined else None})
 
     def write_extra(folder: Path) -> None:

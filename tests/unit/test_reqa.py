@@ -117,6 +117,9 @@ def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path):
     # 4 train questions (2 articles) x 3 sentences: every non-gold candidate is mined at threshold 0
     assert s["mining"]["gold_pairs"] == 4 and s["mining"]["mined_pairs"] == 8
     assert s["train_pairs"] == 12 and s["mining"]["teacher_pairs"]["gold"] == 4
+    assert s["mining"]["mining_candidates"] == 8
+    # eval split: 2 questions -> 2 gold + 2 negative pairs, so accuracy is a multiple of 1/4
+    assert s["mining"]["teacher_dev_accuracy"] * 4 == round(s["mining"]["teacher_dev_accuracy"] * 4)
     assert (run / "teacher" / "compress.json").is_file()
     rows = [json.loads(x) for x in (run / "mined_pairs.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(0 <= r["weight"] <= 1 for r in rows)
