@@ -20,7 +20,7 @@ from distill_sst2 import run_suite, suite_arguments  # noqa: E402
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     suite_arguments(p, train_limit=None, augment=2, epochs=10, max_length=256,
-                    students="bilstm,logreg", teacher_epochs=5.0)
+                    students="bilstm,logreg", teacher_epochs=5.0, teacher_lr=1e-4)
     run_suite("reuters", p.parse_args(argv))
     return 0
 

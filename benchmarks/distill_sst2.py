@@ -30,12 +30,12 @@ DEFAULT_LR = {name: entry.default_lr for name, entry in STUDENTS.items()}
 
 
 def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs, max_length,
-                    students, teacher_epochs) -> None:
+                    students, teacher_epochs, teacher_lr=5e-5) -> None:
     p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--teacher", default=None,
                    help="an existing fine-tuned run folder for the task (default: fine-tune MiniLM)")
     p.add_argument("--teacher-epochs", type=float, default=teacher_epochs)
-    p.add_argument("--teacher-lr", type=float, default=5e-5)
+    p.add_argument("--teacher-lr", type=float, default=teacher_lr)
     p.add_argument("--train-limit", type=int, default=train_limit)
     p.add_argument("--eval-limit", type=int, default=None)
     p.add_argument("--max-length", type=int, default=max_length)
