@@ -43,6 +43,9 @@ _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 @dataclass(frozen=True)
 class TrainConfig:
     lr: float = 5e-5
+    # Learning rate of the freshly initialised task head (classifier / qa_outputs); None = --lr.
+    # A 90-way sigmoid head on a pre-trained encoder needs a larger one than the encoder (Reuters).
+    head_lr: float | None = None
     epochs: float = 1.0
     max_steps: int | None = None
     batch_size: int = 32
@@ -62,6 +65,8 @@ class TrainConfig:
 
     def __post_init__(self):
         check_range("lr", self.lr, 0, None, lo_open=True)
+        if self.head_lr is not None:
+            check_range("head_lr", self.head_lr, 0, None, lo_open=True)
         check_range("epochs", self.epochs, 0, 1e6, lo_open=True)
         if self.max_steps is not None:
             check_range("max_steps", self.max_steps, 1)
@@ -100,6 +105,21 @@ class TrainHook:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+HEAD_PREFIXES = ("classifier.", "qa_outputs.")
+
+
+def param_groups(model, cfg: TrainConfig) -> list[dict]:
+    """AdamW groups: no weight decay on biases and LayerNorms; the task head at ``cfg.head_lr``."""
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            head = cfg.head_lr is not None and name.startswith(HEAD_PREFIXES)
+            groups.setdefault((p.ndim >= 2, head), []).append(p)
+    return [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0,
+             **({"lr": cfg.head_lr} if head else {})}
+            for (decay, head), ps in sorted(groups.items())]
 
 
 def set_seed(seed: int) -> None:
@@ -230,13 +250,7 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
     per_epoch = steps_per_epoch(len(feats), cfg.batch_size, world)
     total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
 
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 else decay).append(p)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
     model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)

@@ -238,3 +238,42 @@ def test_no_checkpoint_at_the_last_step_and_resume_without_one_starts_at_zero(to
 def test_train_config_refuses(field, value):
     with pytest.raises(UsageError, match=f"--{field.replace('_', '-')}"):
         TrainConfig(**{field: value})
+
+
+def test_param_groups_put_the_head_at_its_own_lr_and_skip_decay_on_vectors():
+    import torch
+
+    from compress.training import TrainConfig, param_groups
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Linear(3, 3)
+            self.classifier = torch.nn.Linear(3, 2)
+
+    m = M()
+    groups = param_groups(m, TrainConfig(lr=1e-4, head_lr=2e-3, weight_decay=0.01))
+    by_id = {id(p): g for g in groups for p in g["params"]}
+    assert by_id[id(m.classifier.weight)]["lr"] == 2e-3
+    assert by_id[id(m.classifier.weight)]["weight_decay"] == 0.01
+    assert by_id[id(m.classifier.bias)]["lr"] == 2e-3 and by_id[id(m.classifier.bias)]["weight_decay"] == 0
+    assert "lr" not in by_id[id(m.encoder.weight)] and by_id[id(m.encoder.bias)]["weight_decay"] == 0
+    assert sum(len(g["params"]) for g in groups) == 4
+    # without head_lr every parameter takes the optimizer's lr
+    assert all("lr" not in g for g in param_groups(m, TrainConfig(lr=1e-4)))
+
+
+def test_multilabel_head_bias_starts_at_the_label_prior():
+    import math
+
+    import torch
+
+    from compress.finetune import init_bias_to_prior
+    from compress.tasks.base import TextDataset
+
+    ds = TextDataset(["a", "b", "c", "d"], [[0], [0, 1], [0], [2]], ("x", "y", "z"), multilabel=True)
+    head = torch.nn.Linear(4, 3)
+    init_bias_to_prior(head, ds)
+    # label counts 3, 1, 1 of 4 documents; p = (count + 0.5) / 5
+    want = [math.log(p / (1 - p)) for p in (3.5 / 5, 1.5 / 5, 1.5 / 5)]
+    assert head.bias.tolist() == pytest.approx(want, rel=1e-6)
