@@ -1,5 +1,11 @@
+import argparse
+import dataclasses
+
 from compress.cli.common import add_config_args, config_from_args
+from compress.config import load_yaml
 from compress.distill.workflow import DistillConfig, run_distill
+from compress.errors import UsageError
+from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
 
 HELP = "distil a fine-tuned teacher into a BiLSTM, KimCNN or logistic-regression student"
 EXAMPLES = """examples:
@@ -10,6 +16,8 @@ EXAMPLES = """examples:
   compress distill --student bilstm --no-kd --teacher RUN --teacher-cache DISTILL_RUN   # baseline
   compress distill --student bilstm --student-options hidden_size=128,pooling=last --task reuters \\
       --data-dir ../shared/data --max-length 256
+  compress distill --task reqa --student dual-encoder --teacher CROSS_ENCODER_RUN \
+      --data-dir ../shared/data --split-by-article 38/10     # ReQA: cross-attention mined pairs
 """
 HELPS = {
     "student": "student architecture: bilstm, kimcnn or logreg",
@@ -32,10 +40,39 @@ HELPS = {
 }
 
 
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+# --task reqa trains a dual encoder on gold + cross-encoder-mined pairs (compress.retrieval.mining);
+# its options that the classification students lack are added as flags of their own.
+REQA_ONLY = sorted(_fields(ReQAMiningConfig) - _fields(DistillConfig))
+
+
 def add_arguments(parser):
     add_config_args(parser, DistillConfig, HELPS)
+    group = parser.add_argument_group("--task reqa --student dual-encoder (cross-attention mining)")
+    sub = argparse.ArgumentParser(add_help=False)
+    add_config_args(sub, ReQAMiningConfig)
+    for action in sub._actions:
+        if action.dest in REQA_ONLY:
+            group._add_action(action)
 
 
 def run(args):
-    run_distill(config_from_args(DistillConfig, args))
+    values = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    file_values = load_yaml(args.config) if getattr(args, "config", None) else {}
+    task = values.get("task", file_values.get("task"))
+    if task == "reqa":
+        cls, runner = ReQAMiningConfig, run_reqa_mining_distill
+    else:
+        cls, runner = DistillConfig, run_distill
+        if values.get("student", file_values.get("student")) == "dual-encoder":
+            raise UsageError("--student dual-encoder distils for retrieval only: add --task reqa")
+    wrong = sorted((set(values) | set(file_values)) - _fields(cls))
+    if wrong:
+        flags = ", ".join("--" + w.replace("_", "-") for w in wrong)
+        where = "--task reqa" if cls is ReQAMiningConfig else f"--task {task or 'sample'}"
+        raise UsageError(f"{flags} not used with {where}; remove it")
+    runner(config_from_args(cls, args))
     return 0

@@ -131,3 +131,43 @@ def test_missing_tagger_data_is_one_line(teacher_run, tmp_path):
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert "python -m nltk.downloader averaged_perceptron_tagger_eng" in lines[0] and "NLTK_DATA" in lines[0]
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
+
+
+def _tiny_squad(folder):
+    ctx = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
+    arts = [{"title": f"T{i}", "paragraphs": [{"context": ctx, "qas": [
+        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
+        {"id": f"{i}-b", "question": "Tower?",
+         "answers": [{"text": "Eiffel", "answer_start": ctx.index("Eiffel")}]},
+    ]}]} for i in range(3)]
+    (folder / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
+    return folder
+
+
+def test_distill_reqa_dual_encoder_through_the_cli(tiny_bert, tmp_path):
+    data = _tiny_squad(tmp_path)
+    out = tmp_path / "run"
+    r = run_cli("distill", "--task", "reqa", "--student", "dual-encoder", "--model", str(tiny_bert),
+                "--teacher", str(tiny_bert), "--data-dir", str(data), "--split-by-article", "2/1",
+                "--max-steps", "2", "--batch-size", "4", "--max-length", "32",
+                "--mining-threshold", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    # 4 train questions x 3 sentences: at threshold 0 every non-gold candidate is mined
+    assert s["mining"]["gold_pairs"] == 4 and s["mining"]["mined_pairs"] == 8
+    assert (out / "mined_pairs.jsonl").is_file() and (out / "teacher" / "compress.json").is_file()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--student", "dual-encoder"], "--task reqa"),
+    (["--task", "reqa", "--augment", "2"], "--augment"),
+    (["--task", "sst2", "--mining-top-k", "3"], "--mining-top-k"),
+    (["--task", "reqa", "--student", "bilstm"], "bilstm"),
+])
+def test_reqa_options_are_checked_before_anything_runs(tmp_path, args, needle):
+    out = tmp_path / "run"
+    r = run_cli("distill", *args, "--data-dir", str(_tiny_squad(tmp_path)), "--out", str(out))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
