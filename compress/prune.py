@@ -3,6 +3,12 @@
 Each stage reads top to bottom: validate everything (config, data, model, targets) -> open the run
 folder -> train with the pruning hook -> finalize masks -> evaluate -> save model, masks, report.
 Nothing is written before validation passes, so bad input leaves no run folder.
+
+``--resume`` continues an interrupted run from its checkpoints (``--checkpoint-every``). The
+stages of several training phases (pretrain: dense baseline, then pruning; after-finetune: dense
+fine-tuning, then pruning and recovery) checkpoint each phase in its own folder and record it once
+finished (``RunDir.finish_phase``), so a resumed run skips the finished phases and continues the
+interrupted one; the finished run equals an uninterrupted one with the same seed.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class PruneConfig(TrainConfig, TaskDataConfig):
     heldout_blocks: int = 256
     no_dense_baseline: bool = False
     structured: tuple[str, ...] = ()
+    resume: bool = False
 
     def __post_init__(self):
         TrainConfig.__post_init__(self)
@@ -82,6 +89,9 @@ class PruneConfig(TrainConfig, TaskDataConfig):
         if self.structured and self.criterion != "magnitude":
             raise UsageError("--structured prunes by magnitude; drop --criterion "
                              f"'{self.criterion}'")
+        if self.resume and self.out is None:  # checked here too, before any data or model is loaded
+            raise UsageError("--resume needs --out naming the interrupted run's folder "
+                             "(the folder it was started with)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,13 +205,14 @@ def prune_finetune(cfg: PruneConfig) -> Path:
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, model, resolve_model(cfg.model), n_steps)
         hooks = [hook]
-    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
+    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         t0 = time.time()
         structured = run_structured(model, cfg) if cfg.structured else None
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics)
+        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,
+                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume)
         masks = pruner.finalize() if pruner else None
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
@@ -213,6 +224,7 @@ def prune_finetune(cfg: PruneConfig) -> Path:
             "steps": result["steps"], "train_seconds": round(time.time() - t0, 1),
             "metric": spec.metric, "eval": metrics, "structured": structured,
             "prune_history": pruner.history if pruner else None})
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 
 
@@ -228,25 +240,42 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, model, resolve_model(cfg.model), n_recover)
         hooks = [hook]
-    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
+    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         t0 = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        dense = train(model, tokenizer, feats, cfg, [], log=run.log_metrics)
-        dense_metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
-        run.log_metrics({"phase": "dense", "step": dense["steps"], "eval": dense_metrics})
+        # Phase 1, dense fine-tuning; its last step is checkpointed too, so that once it is finished a
+        # resumed run restores its weights without training (and logs nothing again).
+        dense = run.phase_results("dense")
+        steps = train(model, tokenizer, feats, cfg, [], log=None if dense else run.log_metrics,
+                      checkpoint_dir=run.phase_checkpoint_dir("dense"), resume=cfg.resume,
+                      checkpoint_last=True)["steps"]
+        if dense is None:
+            dense = {"steps": steps,
+                     "eval": evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                      cfg.eval_batch_size)}
+            run.finish_phase("dense", dense, [{"phase": "dense", "step": dense["steps"],
+                                               "eval": dense["eval"]}])
+        # Pruning the dense model is deterministic and cheap, so a resumed run redoes it (the
+        # recovery checkpoints hold the structured model's shapes and the masks); its score is kept.
         structured, before_recovery = None, None
         if cfg.structured:
             structured = run_structured(model, cfg)
         elif cfg.schedule == "oneshot":
             hooks[0].on_train_begin(model, n_recover)  # prune now, to score the model unrecovered
         if cfg.structured or cfg.schedule == "oneshot":
-            before_recovery = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,
-                                       cfg.eval_batch_size)
+            pruned = run.phase_results("pruned")
+            if pruned is None:
+                pruned = {"eval": evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                           cfg.eval_batch_size)}
+                run.finish_phase("pruned", pruned)
+            before_recovery = pruned["eval"]
+        # Phase 2, recovery with the masks.
         recover_cfg = replace(cfg, max_steps=n_recover)
         rec = train(model, tokenizer, feats, recover_cfg, hooks,
-                    log=lambda r: run.log_metrics({"phase": "recovery", **r}))
+                    log=lambda r: run.log_metrics({"phase": "recovery", **r}),
+                    checkpoint_dir=run.phase_checkpoint_dir("recovery"), resume=cfg.resume)
         masks = pruner.finalize() if pruner else None
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"phase": "recovery", "step": rec["steps"], "eval": metrics})
@@ -257,9 +286,10 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
             "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
             "dense_steps": dense["steps"], "recovery_steps": rec["steps"],
             "train_seconds": round(time.time() - t0, 1), "metric": spec.metric,
-            "eval_dense": dense_metrics, "eval_pruned_before_recovery": before_recovery,
+            "eval_dense": dense["eval"], "eval_pruned_before_recovery": before_recovery,
             "eval": metrics, "structured": structured,
             "prune_history": pruner.history if pruner else None})
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 
 
@@ -301,26 +331,37 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, objective.mlm, model_dir, n_steps)
         hooks = [hook]
-    with RunDir("prune", name=_name(cfg, "mlm"), out=cfg.out) as run:
+    with RunDir("prune", name=_name(cfg, "mlm"), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         t0 = time.time()
-        loss_before = heldout_loss(objective, tokenizer, held, cfg.eval_batch_size)
+        before = run.phase_results("before")
+        if before is None:
+            before = {"loss": heldout_loss(objective, tokenizer, held, cfg.eval_batch_size)}
+            run.finish_phase("before", before)
         loss_dense = None
-        if dense_encoder is not None:
-            dense = MaskedLMObjective(build_mlm_model(dense_encoder), tokenizer, cfg.mlm_probability)
-            train(dense, tokenizer, blocks, cfg, [], log=lambda r: run.log_metrics({"phase": "dense", **r}))
-            loss_dense = heldout_loss(dense, tokenizer, held, cfg.eval_batch_size)
-            del dense, dense_encoder
+        if dense_encoder is not None:  # phase 1, the dense baseline: only its loss is kept
+            baseline = run.phase_results("dense")
+            if baseline is None:
+                dense = MaskedLMObjective(build_mlm_model(dense_encoder), tokenizer, cfg.mlm_probability)
+                train(dense, tokenizer, blocks, cfg, [],
+                      log=lambda r: run.log_metrics({"phase": "dense", **r}),
+                      checkpoint_dir=run.phase_checkpoint_dir("dense"), resume=cfg.resume)
+                baseline = {"loss": heldout_loss(dense, tokenizer, held, cfg.eval_batch_size)}
+                run.finish_phase("dense", baseline)
+                del dense
+            loss_dense = baseline["loss"]
+            del dense_encoder
         structured = None
         if cfg.structured:
             structured = run_structured(encoder, cfg)
             objective = MaskedLMObjective(build_mlm_model(encoder), tokenizer, cfg.mlm_probability)
-        result = train(objective, tokenizer, blocks, cfg, hooks,
-                       log=lambda r: run.log_metrics({"phase": "pruned", **r}))
+        result = train(objective, tokenizer, blocks, cfg, hooks,  # phase 2, pruning
+                       log=lambda r: run.log_metrics({"phase": "pruned", **r}),
+                       checkpoint_dir=run.phase_checkpoint_dir("pruned"), resume=cfg.resume)
         masks = pruner.finalize() if pruner else None
         loss_pruned = heldout_loss(objective, tokenizer, held, cfg.eval_batch_size)
-        mlm_loss = {"before": loss_before, "dense_after": loss_dense, "pruned_after": loss_pruned,
+        mlm_loss = {"before": before["loss"], "dense_after": loss_dense, "pruned_after": loss_pruned,
                     "heldout_blocks": len(held),
                     "heldout_tokens_scored": sum(sum(t != -100 for t in b["mlm_labels"]) for b in held),
                     "note": "the MLM head is new (the packaged encoder has none), so 'before' is the "
@@ -334,6 +375,7 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
             "steps": result["steps"], "train_seconds": round(time.time() - t0, 1),
             "mlm_loss": mlm_loss, "structured": structured,
             "prune_history": pruner.history if pruner else None})
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 
 

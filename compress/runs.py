@@ -96,22 +96,40 @@ def write_json(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def records_upto(path: Path, step: int) -> list[str]:
-    """The lines of a metrics.jsonl up to, not including, the first record with a step beyond
-    ``step`` (or the first unreadable line, e.g. one cut short by a kill)."""
+def complete_records(path: Path) -> list[str]:
+    """The lines of a metrics.jsonl up to, not including, the first unreadable one (e.g. one cut
+    short by a kill); [] when the file does not exist."""
+    if not path.is_file():
+        return []
     kept = []
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
-                rec = json.loads(line)
+                json.loads(line)
             except json.JSONDecodeError:
                 break
             if not line.endswith("\n"):
                 break
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
-                break
             kept.append(line)
     return kept
+
+
+def _upto(lines: list[str], step: int) -> list[str]:
+    """``lines`` up to, not including, the first record with a step beyond ``step``."""
+    for i, line in enumerate(lines):
+        rec = json.loads(line)
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
+            return lines[:i]
+    return lines
+
+
+def records_upto(path: Path, step: int) -> list[str]:
+    """The lines of a metrics.jsonl up to, not including, the first record with a step beyond
+    ``step`` (or the first unreadable line, e.g. one cut short by a kill)."""
+    return _upto(complete_records(path), step)
+
+
+PHASE_DONE = "done.json"
 
 
 class RunDir:
@@ -126,6 +144,13 @@ class RunDir:
     (records of later steps, which the resumed run logs again, are dropped), ``write_config``
     refuses options that differ from the interrupted run's, and ``env.json`` gains a ``resumes``
     entry.
+
+    A run of several training phases (prune's pre-training and after-finetune stages) checkpoints
+    each phase in ``checkpoint/<phase>/`` (``phase_checkpoint_dir``) and closes it with
+    ``finish_phase``, which records the phase's results in ``checkpoint/<phase>/done.json``. A
+    resumed run skips the phases recorded there (``phase_results``) and continues the unfinished
+    one from its newest checkpoint; ``metrics.jsonl`` keeps the records of the finished phases and
+    those of the unfinished one up to that checkpoint.
     """
 
     def __init__(self, command: str, name: str = "run", out: str | Path | None = None,
@@ -150,6 +175,7 @@ class RunDir:
         self.path = self._tmp_for(self.final)
         self.resume = resume
         self.resumed = False
+        self._phases_done: dict[str, dict] = {}
         if self.rank > 0:
             # Another process of a multi-process launch: it writes to a scratch folder that is
             # removed at the end, and sees rank 0's checkpoints (to resume from the same step)
@@ -178,9 +204,12 @@ class RunDir:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path.mkdir(parents=True)
             (self.path / "checkpoint").symlink_to(self.leader_path / "checkpoint", target_is_directory=True)
+            if self.resume:  # skip the phases rank 0 skips: read before any of them can finish now
+                self._phases_done = self._read_phases()
             return self
         if self.resume and self.path.is_dir():
             self.resumed = True
+            self._phases_done = self._read_phases()
             self._rewind_metrics()
         else:
             self.path.mkdir(parents=True, exist_ok=self.resume)
@@ -213,17 +242,77 @@ class RunDir:
             return True
         if not self.checkpoint_dir.is_dir():
             return False
-        return not issubclass(exc_type, CompressError) or bool(checkpoint_dirs(self.checkpoint_dir))
+        progress = any(checkpoint_dirs(d) or (d / PHASE_DONE).is_file()
+                       for d in [self.checkpoint_dir, *self._phase_dirs()])
+        return not issubclass(exc_type, CompressError) or progress
+
+    def _phase_dirs(self) -> list[Path]:
+        """The phase folders under ``checkpoint/`` (not train's own ``step-*`` checkpoints)."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        return sorted(d for d in self.checkpoint_dir.iterdir()
+                      if d.is_dir() and not d.name.startswith((".", "step-")))
+
+    def _read_phases(self) -> dict[str, dict]:
+        """The ``done.json`` record of every finished phase, by phase name (damaged ones: unfinished)."""
+        done = {}
+        for d in self._phase_dirs():
+            rec = _read_or_none(d / PHASE_DONE, json.loads)
+            if (isinstance(rec, dict) and rec.get("phase") == d.name and isinstance(rec.get("results"), dict)
+                    and isinstance(rec.get("metrics_lines"), int) and isinstance(rec.get("records"), list)):
+                done[d.name] = rec
+        return done
 
     def _rewind_metrics(self) -> None:
-        """Keep the metrics records up to the checkpoint the run resumes from, drop the rest."""
+        """Keep the metrics records of the finished phases and those up to the checkpoint the run
+        resumes from, drop the rest."""
         from compress.training import checkpoint_step, latest_checkpoint
 
-        ckpt = latest_checkpoint(self.checkpoint_dir)
-        upto = checkpoint_step(ckpt) if ckpt is not None else 0
         path = self.path / "metrics.jsonl"
-        if path.is_file():
-            write_text_atomic(path, "".join(records_upto(path, upto)))
+        lines = complete_records(path)
+        head, tail = [], lines
+        if self._phases_done:
+            # The newest finished phase's record says how many lines came before the records that
+            # close it and holds those records: they are written from it, so a kill between
+            # finish_phase's record and its logging leaves them neither missing nor twice.
+            last = max(self._phases_done.values(), key=lambda r: r["metrics_lines"])
+            n, closing = last["metrics_lines"], last["records"]
+            head = lines[:n] + [r + "\n" for r in closing]
+            tail = lines[n + len(closing):]
+        upto = 0
+        for d in [self.checkpoint_dir, *self._phase_dirs()]:  # the unfinished train() call, if any
+            ckpt = latest_checkpoint(d) if d.name not in self._phases_done else None
+            if ckpt is not None:
+                upto = checkpoint_step(ckpt)
+                break
+        if path.is_file() or head:
+            write_text_atomic(path, "".join(head + _upto(tail, upto)))
+
+    def phase_checkpoint_dir(self, phase: str) -> Path:
+        """Where ``train`` checkpoints ``phase`` of a multi-phase run (``checkpoint/<phase>``)."""
+        return self.checkpoint_dir / phase
+
+    def phase_results(self, phase: str) -> dict | None:
+        """The results ``finish_phase`` recorded for ``phase`` when an earlier invocation of this
+        resumed run finished it; None for a phase still to run (always None for a fresh run)."""
+        rec = self._phases_done.get(phase)
+        return None if rec is None else rec["results"]
+
+    def finish_phase(self, phase: str, results: dict, records: list[dict] = ()) -> None:
+        """Record that ``phase`` is complete with its ``results`` (plain JSON values), then log the
+        metrics ``records`` that close it.
+
+        The record is written (atomically) before the records are logged and holds them, so that a
+        kill in between loses none and duplicates none. Rank > 0 records nothing (rank 0 does)."""
+        if self.rank > 0:
+            return
+        lines = [json.dumps(r, default=str) for r in records]
+        folder = self.phase_checkpoint_dir(phase)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / PHASE_DONE, {"phase": phase, "results": results, "records": lines,
+                                         "metrics_lines": len(complete_records(self.path / "metrics.jsonl"))})
+        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            fh.writelines(line + "\n" for line in lines)
 
     def write_config(self, cfg: dict[str, Any]) -> None:
         path = self.path / "config.yaml"

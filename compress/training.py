@@ -228,15 +228,17 @@ def check_ranks_agree(hooks, step: int) -> None:
 
 def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[TrainHook] = (),
           log: Callable[[dict], None] | None = None, checkpoint_dir: Path | None = None,
-          resume: bool = False) -> dict:
+          resume: bool = False, checkpoint_last: bool = False) -> dict:
     """Train ``model`` in place on tokenized ``feats``; returns {'steps', 'final_loss', 'resumed_from'}.
 
     With ``checkpoint_dir`` and ``cfg.checkpoint_every`` a checkpoint is saved every that many
-    steps (not at the last step: the caller saves the finished model). With ``resume`` the newest
-    valid checkpoint there is loaded and training continues from its step; records passed to
-    ``log`` are then only those after that step (the caller rewinds its log to the checkpoint,
-    as ``RunDir`` does). ``log`` is called on the main process only; its ``loss`` is the mean over
-    the last ``log_every`` steps and over all ranks.
+    steps (not at the last step: the caller saves the finished model). ``checkpoint_last`` saves
+    the last step too, even without ``checkpoint_every``: for a phase of a multi-phase run whose
+    end state the next phase starts from, which resuming then restores without a step. With
+    ``resume`` the newest valid checkpoint there is loaded and training continues from its step;
+    records passed to ``log`` are then only those after that step (the caller rewinds its log to
+    the checkpoint, as ``RunDir`` does). ``log`` is called on the main process only; its ``loss``
+    is the mean over the last ``log_every`` steps and over all ranks.
     """
     from accelerate import Accelerator
     from transformers import get_linear_schedule_with_warmup
@@ -303,8 +305,9 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 if log and main:
                     log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
                 running = 0.0
-            if checkpoint_dir is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
-                    and step < total:
+            if checkpoint_dir is not None and (
+                    (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
+                    or (checkpoint_last and step == total)):
                 save_checkpoint(checkpoint_dir, raw, optimizer, scheduler, hooks, step,
                                 loop={"running": running})
     bar.close()

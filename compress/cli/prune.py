@@ -11,6 +11,7 @@ EXAMPLES = """examples:
   compress prune --sparsity 0.6 --scope global --schedule oneshot --stage after-finetune
   compress prune --stage pretrain --sparsity 0.4 --corpus ../shared/data/wikitext2 --max-steps 200
   compress prune --include pooler --exclude 'embeddings.*'   # globs, or re:REGEX
+  compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
 HELPS = {
@@ -38,6 +39,8 @@ HELPS = {
     "heldout_blocks": "pretrain: at most this many held-out blocks are scored",
     "no_dense_baseline": "pretrain: skip training the unpruned model for comparison",
     "structured": "remove whole units instead: heads,ffn (uses compress.pruning.structured)",
+    "resume": "continue an interrupted run in --out from its last checkpoint (same options; save "
+              "checkpoints with --checkpoint-every N)",
 }
 
 

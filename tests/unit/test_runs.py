@@ -161,3 +161,53 @@ def test_resume_survives_damaged_config_and_env_files(tmp_path):
         run.write_env(1)
     assert (tmp_path / "r" / "config.yaml").read_text() == "lr: 0.1\n"
     assert json.loads((tmp_path / "r" / "env.json").read_text())["seed"] == 1
+
+
+def _phase_checkpoint(run: RunDir, phase: str, step: int) -> None:
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    save_checkpoint(run.phase_checkpoint_dir(phase), m, opt,
+                    torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), [], step)
+
+
+def _steps(run: RunDir) -> list[tuple]:
+    recs = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    return [(r.get("phase"), r["step"], "eval" in r) for r in recs]
+
+
+def test_resume_keeps_finished_phases_and_rewinds_the_unfinished_one(tmp_path):
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
+        assert run.phase_results("dense") is None  # a fresh run has finished nothing
+        for s in (1, 2, 3):
+            run.log_metrics({"step": s, "loss": 0.1})
+        _phase_checkpoint(run, "dense", 3)
+        run.finish_phase("dense", {"steps": 3, "eval": {"score": 0.25}},
+                         [{"phase": "dense", "step": 3, "eval": {"score": 0.25}}])
+        for s in (1, 2, 3):
+            run.log_metrics({"phase": "recovery", "step": s, "loss": 0.2})
+        _phase_checkpoint(run, "recovery", 2)
+        raise KeyboardInterrupt
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        assert run.phase_results("dense") == {"steps": 3, "eval": {"score": 0.25}}
+        assert run.phase_results("recovery") is None
+        # dense's records (its step 3 is not cut by recovery's checkpoint at 2), recovery's up to 2
+        assert _steps(run) == [(None, 1, False), (None, 2, False), (None, 3, False), ("dense", 3, True),
+                               ("recovery", 1, False), ("recovery", 2, False)]
+
+
+def test_a_kill_between_finishing_a_phase_and_logging_its_records_logs_them_once(tmp_path):
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
+        run.log_metrics({"step": 1, "loss": 0.1})
+        run.finish_phase("dense", {"steps": 1}, [{"phase": "dense", "step": 1, "eval": 1.0}])
+        (run.path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\n{"phase": "de')  # torn
+        raise KeyboardInterrupt
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        assert _steps(run) == [(None, 1, False), ("dense", 1, True)]
+        assert run.phase_results("dense") == {"steps": 1}
+
+
+def test_a_finished_phase_keeps_a_run_stopped_by_bad_input_for_resume(tmp_path):
+    with pytest.raises(DataError), RunDir("x", out=tmp_path / "r") as run:
+        run.finish_phase("before", {"loss": 2.0})
+        raise DataError("the next phase found bad data")
+    assert (tmp_path / ".tmp-r" / "checkpoint" / "before" / "done.json").is_file()
