@@ -20,6 +20,7 @@ import torch
 from compress.config import to_dict
 from compress.errors import ModelError, UsageError
 from compress.models import load_tokenizer, read_meta, resolve_model, save_model
+from compress.pruning.pruner import saved_mask_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
 from compress.qa.objectives import make_objective
 from compress.qa.options import effective_doc_stride
@@ -160,6 +161,8 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
     model, tokenizer, _ = load_qa_model(cfg.model)
     objective = make_objective(cfg.objective, model, cfg)
     hooks = list(hook_factory(model)) if hook_factory else []
+    # A pruned encoder keeps its zeros on squad too, unless --information-deletion.
+    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False))
     name = cfg.name or f"{spec.name}-{cfg.objective}"
     with RunDir(command, name=name, out=cfg.out) as run:
         run.write_config(to_dict(cfg))

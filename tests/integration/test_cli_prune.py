@@ -211,3 +211,24 @@ def test_same_seed_same_masks_and_weights(pruned_run, tiny_bert, tmp_path):
     wa = load_file(str(out / "model" / "model.safetensors"))
     wb = load_file(str(again / "model" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("task", ["squad", "reqa"])
+def test_qa_and_retrieval_finetune_of_pruned_model_keep_pattern(pruned_run, tmp_path, task):
+    out, _ = pruned_run
+    ctx = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
+    arts = [{"title": f"T{i}", "paragraphs": [{"context": ctx, "qas": [
+        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
+        {"id": f"{i}-b", "question": "Tower?",
+         "answers": [{"text": "Eiffel", "answer_start": ctx.index("Eiffel")}]},
+    ]}]} for i in range(3)]
+    (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
+    ft = tmp_path / task
+    r = run_cli("finetune", "--model", str(out), "--task", task, "--data-dir", str(tmp_path),
+                "--split-by-article", "2/1", "--max-steps", "4", "--lr", "1e-2", "--batch-size", "4",
+                "--max-length", "48", "--out", str(ft))
+    assert r.returncode == 0, r.stderr
+    before, after = _zero_pattern(out), _zero_pattern(ft)
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(after[name][0], before[name][0]), name
