@@ -14,6 +14,7 @@ interrupted one; the finished run equals an uninterrupted one with the same seed
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import shutil
@@ -25,7 +26,7 @@ import torch
 
 from compress.config import check_range, to_dict
 from compress.errors import DataError, UsageError
-from compress.finetune import TaskDataConfig, evaluate, load_task_data
+from compress.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
 from compress.measure.sparsity import sparsity_report
 from compress.models import load_classifier, load_tokenizer, resolve_model, save_model
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, load_saved_model, save_masks
@@ -33,12 +34,15 @@ from compress.pruning.masks import get_criterion, get_scope
 from compress.pruning.pruner import MagnitudePruner, PruningHook, matching_masks
 from compress.pruning.schedules import SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
+from compress.qa.options import QAOptions
 from compress.runs import RunDir, write_json
-from compress.training import TrainConfig, encode, set_seed, train
+from compress.tasks import get_task
+from compress.training import TrainConfig, TrainHook, encode, set_seed, train
 
 
 @dataclass(frozen=True)
-class PruneConfig(TrainConfig, TaskDataConfig):
+class PruneConfig(TrainConfig, TaskDataConfig, QAOptions):
+    # QAOptions: --doc-stride, --split-by-article, --objective, ... (squad/reqa only).
     sparsity: float = 0.4
     criterion: str = "magnitude"
     scope: str = "local"
@@ -62,6 +66,7 @@ class PruneConfig(TrainConfig, TaskDataConfig):
 
     def __post_init__(self):
         TrainConfig.__post_init__(self)
+        QAOptions.__post_init__(self)
         for lim in ("train_limit", "eval_limit"):
             v = getattr(self, lim)
             if v is not None and v < 1:
@@ -384,4 +389,56 @@ STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetun
 
 def run_prune(cfg: PruneConfig) -> Path:
     """Run the configured stage; returns the finished run folder."""
+    family = get_task(cfg.task).family
+    if cfg.stage != "pretrain" and family in OTHER_FAMILIES:
+        return prune_finetune_workflow(cfg, family)
     return STAGES[cfg.stage](cfg)
+
+
+# Task families whose fine-tuning workflow lives with the task (compress.finetune.FINETUNE_FAMILIES):
+# pruning rides on it as a hook instead of a loop of its own.
+OTHER_FAMILIES = ("qa", "retrieval")
+
+
+class _FinalizeAndWrite(TrainHook):
+    """Fixes the masks at the last step (before the workflow evaluates and saves the model), then
+    writes them, the pruning metadata and ``sparsity.json`` into the run folder before it is renamed."""
+
+    def __init__(self, pruner: MagnitudePruner, cfg: PruneConfig):
+        self.pruner, self.cfg, self.total, self.masks = pruner, cfg, None, None
+
+    def on_train_begin(self, model, total_steps: int) -> None:
+        self.total = total_steps
+
+    def on_step_end(self, model, step: int) -> None:
+        if step == self.total:
+            self.masks = self.pruner.finalize()
+
+    def save(self, run_path: Path) -> None:
+        model_dir = Path(run_path) / "model"
+        save_masks(self.masks, model_dir / MASKS_FILE)
+        _link_or_copy(model_dir / MASKS_FILE, Path(run_path) / MASKS_FILE)
+        reloaded = load_saved_model(model_dir)
+        check_masks(reloaded, self.masks)
+        write_json(Path(run_path) / "sparsity.json", sparsity_report(reloaded, self.masks))
+        meta_file = model_dir / "compress.json"
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        meta["pruning"] = pruning_meta(self.cfg, self.pruner, None)
+        meta_file.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def prune_finetune_workflow(cfg: PruneConfig, family: str) -> Path:
+    """squad / reqa: the task's own fine-tuning workflow (``run_finetune``) with the pruning hook."""
+    if cfg.structured:
+        raise UsageError(f"--structured supports classification tasks; '{cfg.task}' is a {family} task "
+                         "(leave --structured unset)")
+    if cfg.stage != "finetune":
+        raise UsageError(f"--task {cfg.task} is pruned with --stage finetune (or --stage pretrain, then "
+                         f"'compress finetune --task {cfg.task}' on the pruned model)")
+
+    def hooks(module: torch.nn.Module) -> list[TrainHook]:
+        # the schedule is rebuilt from the loop's real step count when training begins
+        pruner, hook = make_pruner(cfg, module, resolve_model(cfg.model), cfg.max_steps or 10**6)
+        return [hook, _FinalizeAndWrite(pruner, cfg)]
+
+    return run_finetune(cfg, command="prune", hook_factory=hooks)
