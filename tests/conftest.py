@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,48 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "compress", *args], capture_output=True, text=True,
                           cwd=cwd, env=full_env, timeout=900)
+
+
+# The child pauses after its first checkpoint is complete, so the kill always lands mid-run, however
+# slowly or quickly the machine runs the steps around it.
+_PAUSE_AFTER_FIRST_CHECKPOINT = """
+import sys, time
+import compress.training as training
+from compress.cli.main import main
+real = training.save_checkpoint
+def save_then_pause(*args, **kwargs):
+    out = real(*args, **kwargs)
+    time.sleep(600)
+    return out
+training.save_checkpoint = save_then_pause
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def kill_at_first_checkpoint(args: list[str], tmp_run: Path) -> None:
+    """Start ``compress *args``, SIGKILL it once its first step checkpoint under ``tmp_run`` (the
+    run's .tmp- folder) is complete, and check that it really died of the signal."""
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSE_AFTER_FIRST_CHECKPOINT, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if list((tmp_run / "checkpoint").rglob("step-*/state.sha256")):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+
+
+TINY_CONTEXT = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
+
+
+def write_tiny_squad(folder: Path, n_articles: int = 3) -> Path:
+    """A SQuAD v1.1 file of ``n_articles`` copies of one paragraph with two questions each."""
+    arts = [{"title": f"T{i}", "paragraphs": [{"context": TINY_CONTEXT, "qas": [
+        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
+        {"id": f"{i}-b", "question": "Tower?",
+         "answers": [{"text": "Eiffel", "answer_start": TINY_CONTEXT.index("Eiffel")}]},
+    ]}]} for i in range(n_articles)]
+    (folder / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
+    return folder

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_tiny_squad
 
 
 @pytest.fixture(scope="module")
@@ -133,19 +133,8 @@ def test_missing_tagger_data_is_one_line(teacher_run, tmp_path):
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
 
 
-def _tiny_squad(folder):
-    ctx = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
-    arts = [{"title": f"T{i}", "paragraphs": [{"context": ctx, "qas": [
-        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
-        {"id": f"{i}-b", "question": "Tower?",
-         "answers": [{"text": "Eiffel", "answer_start": ctx.index("Eiffel")}]},
-    ]}]} for i in range(3)]
-    (folder / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
-    return folder
-
-
 def test_distill_reqa_dual_encoder_through_the_cli(tiny_bert, tmp_path):
-    data = _tiny_squad(tmp_path)
+    data = write_tiny_squad(tmp_path)
     out = tmp_path / "run"
     r = run_cli("distill", "--task", "reqa", "--student", "dual-encoder", "--model", str(tiny_bert),
                 "--teacher", str(tiny_bert), "--data-dir", str(data), "--split-by-article", "2/1",
@@ -166,7 +155,7 @@ def test_distill_reqa_dual_encoder_through_the_cli(tiny_bert, tmp_path):
 ])
 def test_reqa_options_are_checked_before_anything_runs(tmp_path, args, needle):
     out = tmp_path / "run"
-    r = run_cli("distill", *args, "--data-dir", str(_tiny_squad(tmp_path)), "--out", str(out))
+    r = run_cli("distill", *args, "--data-dir", str(write_tiny_squad(tmp_path)), "--out", str(out))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_tiny_squad
 
 FAST = ("--batch-size", "8", "--max-length", "32")
 
@@ -216,13 +216,7 @@ def test_same_seed_same_masks_and_weights(pruned_run, tiny_bert, tmp_path):
 @pytest.mark.parametrize("task", ["squad", "reqa"])
 def test_qa_and_retrieval_finetune_of_pruned_model_keep_pattern(pruned_run, tmp_path, task):
     out, _ = pruned_run
-    ctx = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
-    arts = [{"title": f"T{i}", "paragraphs": [{"context": ctx, "qas": [
-        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
-        {"id": f"{i}-b", "question": "Tower?",
-         "answers": [{"text": "Eiffel", "answer_start": ctx.index("Eiffel")}]},
-    ]}]} for i in range(3)]
-    (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
+    write_tiny_squad(tmp_path)
     ft = tmp_path / task
     r = run_cli("finetune", "--model", str(out), "--task", task, "--data-dir", str(tmp_path),
                 "--split-by-article", "2/1", "--max-steps", "4", "--lr", "1e-2", "--batch-size", "4",
@@ -232,3 +226,33 @@ def test_qa_and_retrieval_finetune_of_pruned_model_keep_pattern(pruned_run, tmp_
     assert before.keys() == after.keys()
     for name in before:
         assert torch.equal(after[name][0], before[name][0]), name
+
+
+@pytest.mark.parametrize("task", ["squad", "reqa"])
+def test_prune_while_finetuning_on_squad_and_reqa(tiny_bert, tmp_path, task):
+    write_tiny_squad(tmp_path)
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_bert), "--task", task, "--data-dir", str(tmp_path),
+                "--split-by-article", "2/1", "--sparsity", "0.4", "--max-steps", "6", "--batch-size", "4",
+                "--max-length", "48", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "global" in r.stdout and f"run folder: {out}" in r.stdout
+    rep = json.loads((out / "sparsity.json").read_text())
+    for name, m in rep["matrices"].items():
+        assert abs(m["sparsity"] - 0.4) <= 0.005, name
+    meta = json.loads((out / "model" / "compress.json").read_text())
+    assert meta["task"] == task and meta["pruning"]["sparsity"] == 0.4
+    # the saved weights hold the masks' zeros, and verify agrees
+    for name, (zeros, mask) in _zero_pattern(out).items():
+        assert zeros[~mask].all() and (~mask).float().mean() == pytest.approx(0.4, abs=0.005), name
+    v = run_cli("verify", str(out))
+    assert v.returncode == 0, v.stderr
+
+
+def test_prune_structured_on_squad_is_refused(tiny_bert, tmp_path):
+    write_tiny_squad(tmp_path)
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_bert), "--task", "squad", "--data-dir", str(tmp_path),
+                "--structured", "heads", "--out", str(out))
+    assert r.returncode == 2 and "--structured supports classification tasks" in r.stderr
+    assert not out.exists()

@@ -15,13 +15,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, kill_at_first_checkpoint, run_cli
 
 BASE = ("prune", "--sparsity", "0.5", "--schedule", "gradual", "--batch-size", "8", "--max-length", "32",
         "--log-every", "1", "--checkpoint-every", "4", "--seed", "7", "--lr", "1e-3")
@@ -55,16 +54,7 @@ def test_sigkill_mid_gradual_pruning_then_resume_equals_uninterrupted(tiny_bert,
     ref = _reference(tiny_bert, FINETUNE, tmp_path / "ref")
     out, tmp = tmp_path / "run", tmp_path / ".tmp-run"
     args = [*BASE, *FINETUNE, "--model", str(tiny_bert), "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "compress", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, cwd=ROOT)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if list((tmp / "checkpoint").glob("step-*/state.sha256")):
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    kill_at_first_checkpoint(args, tmp)
     assert tmp.is_dir() and not out.exists()
     r = run_cli(*args)  # without --resume the interrupted run is not silently overwritten
     assert r.returncode == 2 and "pass --resume" in r.stderr

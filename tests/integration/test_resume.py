@@ -13,14 +13,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, kill_at_first_checkpoint, run_cli
 
 ARGS = ("--max-steps", "16", "--batch-size", "8", "--max-length", "32", "--log-every", "1",
         "--checkpoint-every", "4", "--seed", "7", "--lr", "1e-3")
@@ -72,17 +71,7 @@ def _assert_same_as_reference(run: Path, ref: Path) -> None:
 def test_sigkill_mid_training_then_resume_equals_uninterrupted(tiny_classifier, reference, tmp_path):
     out = tmp_path / "run"
     tmp = tmp_path / ".tmp-run"
-    cmd = [sys.executable, "-m", "compress", "finetune", "--model", str(tiny_classifier), *ARGS,
-           "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if list((tmp / "checkpoint").glob("step-*/state.sha256")):
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    kill_at_first_checkpoint(["finetune", "--model", str(tiny_classifier), *ARGS, "--out", str(out)], tmp)
     assert tmp.is_dir() and not out.exists()
     # without --resume the interrupted run is not silently overwritten
     r = run_cli("finetune", "--model", str(tiny_classifier), *ARGS, "--out", str(out))

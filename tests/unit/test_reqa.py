@@ -101,14 +101,9 @@ def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path):
     import json
 
     from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
+    from tests.conftest import write_tiny_squad
 
-    ctx = "Paris is the capital of France. It has the Eiffel Tower. The Seine flows through it."
-    arts = [{"title": f"T{i}", "paragraphs": [{"context": ctx, "qas": [
-        {"id": f"{i}-a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0}]},
-        {"id": f"{i}-b", "question": "Tower?",
-         "answers": [{"text": "Eiffel", "answer_start": ctx.index("Eiffel")}]},
-    ]}]} for i in range(3)]
-    (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
+    write_tiny_squad(tmp_path)
     cfg = ReQAMiningConfig(model=str(tiny_bert), teacher=str(tiny_bert), data_dir=str(tmp_path),
                            split_by_article="2/1", max_steps=2, batch_size=4, max_length=32,
                            mining_threshold=0.0, out=str(tmp_path / "run"))
