@@ -34,6 +34,8 @@ def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs,
     p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--teacher", default=None,
                    help="an existing fine-tuned run folder for the task (default: fine-tune MiniLM)")
+    p.add_argument("--teacher-cache", default=None,
+                   help="a distill run folder whose cached teacher logits to reuse (same transfer set)")
     p.add_argument("--teacher-epochs", type=float, default=teacher_epochs)
     p.add_argument("--teacher-lr", type=float, default=teacher_lr)
     p.add_argument("--train-limit", type=int, default=train_limit)
@@ -77,7 +79,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
             max_length=args.max_length, seed=args.seed, name=f"bench-distill-{task}-teacher")))
         teacher_seconds = time.time() - t0
 
-    runs, cache = [], None
+    runs, cache = [], args.teacher_cache
     for student in students:
         for mode in ("kd", "no-kd"):
             cfg = DistillConfig(
