@@ -52,30 +52,37 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
                           cwd=cwd, env=full_env, timeout=900)
 
 
-# The child pauses after its first checkpoint is complete, so the kill always lands mid-run, however
-# slowly or quickly the machine runs the steps around it.
+# The child pauses once its first checkpoint is complete (a step checkpoint of the fine-tuning loop,
+# or a student's epoch checkpoint), so the kill always lands mid-run however fast the machine runs.
 _PAUSE_AFTER_FIRST_CHECKPOINT = """
-import sys, time
+import pathlib, sys, time
 import compress.training as training
 from compress.cli.main import main
-real = training.save_checkpoint
+real_save, real_replace = training.save_checkpoint, pathlib.Path.replace
 def save_then_pause(*args, **kwargs):
-    out = real(*args, **kwargs)
+    out = real_save(*args, **kwargs)
     time.sleep(600)
     return out
+def replace_then_pause(self, target):
+    out = real_replace(self, target)
+    if pathlib.Path(target).name == "student.pt":
+        time.sleep(600)
+    return out
 training.save_checkpoint = save_then_pause
+pathlib.Path.replace = replace_then_pause
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def kill_at_first_checkpoint(args: list[str], tmp_run: Path) -> None:
-    """Start ``compress *args``, SIGKILL it once its first step checkpoint under ``tmp_run`` (the
-    run's .tmp- folder) is complete, and check that it really died of the signal."""
+def kill_at_first_checkpoint(args: list[str], tmp_run: Path, marker: str = "checkpoint/**/state.sha256"
+                             ) -> None:
+    """Start ``compress *args``, SIGKILL it once its first checkpoint (``marker``, a glob under
+    ``tmp_run``, the run's .tmp- folder) is complete, and check that it really died of the signal."""
     proc = subprocess.Popen([sys.executable, "-c", _PAUSE_AFTER_FIRST_CHECKPOINT, *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if list((tmp_run / "checkpoint").rglob("step-*/state.sha256")):
+        if list(tmp_run.glob(marker)):
             break
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)

@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from tests.conftest import run_cli, write_tiny_squad
+from tests.conftest import kill_at_first_checkpoint, run_cli, write_tiny_squad
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +162,29 @@ def test_reqa_options_are_checked_before_anything_runs(tmp_path, args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_sigkill_after_an_epoch_then_resume_equals_uninterrupted(teacher_run, tmp_path):
+    args = ["distill", "--student", "kimcnn", "--teacher", str(teacher_run), "--epochs", "3",
+            "--max-length", "32", "--student-options", "num_filters=4", "--student-embeddings", "random"]
+    ref = tmp_path / "ref"
+    r = run_cli(*args, "--out", str(ref))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    kill_at_first_checkpoint([*args, "--out", str(out)], tmp_path / ".tmp-run",
+                             marker="checkpoint/student.pt")
+    assert not out.exists()
+    r = run_cli(*args, "--out", str(out), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1/3" not in r.stdout and "epoch 2/3" in r.stdout  # continued after epoch 1
+
+    def records(run):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in rows if "epoch" in row]
+
+    assert [row["epoch"] for row in records(out)] == [1, 2, 3]  # each epoch logged once
+    assert records(out) == records(ref)
+    s, s_ref = (json.loads((p / "summary.json").read_text()) for p in (out, ref))
+    assert s["student_eval"] == s_ref["student_eval"]
+    w, w_ref = (load_file(str(p / "student" / "model.safetensors")) for p in (out, ref))
+    assert w.keys() == w_ref.keys() and all(torch.equal(w[k], w_ref[k]) for k in w)
