@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from compress.config import check_range
 from compress.distributed import assert_tensors_same_across_ranks, is_distributed
-from compress.errors import CompressError, DataError, IntegrityError
+from compress.errors import CompressError, DataError, IntegrityError, UsageError
 from compress.tasks.base import TextDataset
 
 log_ = logging.getLogger(__name__)
@@ -226,9 +226,32 @@ def check_ranks_agree(hooks, step: int) -> None:
         assert_tensors_same_across_ranks(tensors, f"hook state (masks) after step {step}")
 
 
+LossFn = Callable[[Any, dict], tuple[torch.Tensor, dict]]
+
+
+def trainable_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of an extra module that ``train`` optimizes: its ``trainable_parameters()``
+    when it has one (a loss plug-in that trains some layers with an optimizer of its own, such as
+    PFA's W1 critic, leaves those out), else its parameters that require grad."""
+    if hasattr(module, "trainable_parameters"):
+        return list(module.trainable_parameters())
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _decay_groups(params: list, cfg: TrainConfig) -> list[dict]:
+    """AdamW groups of extra parameters, after the model's: decay on matrices only, at ``cfg.lr``."""
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
+                        {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+
+
 def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[TrainHook] = (),
           log: Callable[[dict], None] | None = None, checkpoint_dir: Path | None = None,
-          resume: bool = False, checkpoint_last: bool = False) -> dict:
+          resume: bool = False, checkpoint_last: bool = False, *,
+          collate: Callable[[list], dict] | None = None, loss_fn: LossFn | None = None,
+          extra_modules: list[torch.nn.Module] = (),
+          hook_module: Callable[[Any], Any] | None = None) -> dict:
     """Train ``model`` in place on tokenized ``feats``; returns {'steps', 'final_loss', 'resumed_from'}.
 
     With ``checkpoint_dir`` and ``cfg.checkpoint_every`` a checkpoint is saved every that many
@@ -239,34 +262,67 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
     records passed to ``log`` are then only those after that step (the caller rewinds its log to
     the checkpoint, as ``RunDir`` does). ``log`` is called on the main process only; its ``loss``
     is the mean over the last ``log_every`` steps and over all ranks.
+
+    Tasks whose batches or losses are not a classifier's plug in without a loop of their own:
+
+    - ``collate(rows) -> batch``: a dict of tensors from a list of ``feats`` rows (default: the
+      tokenizer pads the inputs and stacks ``labels``).
+    - ``loss_fn(model, batch) -> (loss, extra)``: replaces the forward pass and ``outputs.loss``;
+      ``model`` is the prepared one (DDP-wrapped on several processes) and ``extra`` (plain floats of
+      the step) is added to the logged record. Hooks then must not replace the loss.
+    - ``extra_modules``: modules trained beside the model (a loss plug-in's own layers). They are
+      moved to the device and put in train mode, their ``trainable_parameters`` join the optimizer
+      after the model's groups, their gradients are clipped with the model's, and their
+      ``state_dict`` is checkpointed (a module keeps other state, an optimizer of its own, say,
+      through ``get_extra_state``). They are not wrapped for DDP, so with trainable parameters they
+      are refused on more than one process.
+    - ``hook_module(model)``: what hooks are given (default: the unwrapped model), e.g. the
+      Hugging Face encoder inside a wrapper, which is what pruning masks apply to.
     """
     from accelerate import Accelerator
     from transformers import get_linear_schedule_with_warmup
 
     if not feats:
         raise DataError("no training examples to train on")
+    if loss_fn is not None:
+        base = TrainHook.compute_loss
+        replacing = [type(h).__name__ for h in hooks if getattr(type(h), "compute_loss", base) is not base]
+        if replacing:  # a programming error: two owners of the loss
+            raise ValueError(f"hook(s) {', '.join(replacing)} replace the loss, which loss_fn computes "
+                             "in this run; pass one or the other")
     set_seed(cfg.seed)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    collate = make_collate(tokenizer)
+    collate = collate or make_collate(tokenizer)
     world, rank = accelerator.num_processes, accelerator.process_index
     per_epoch = steps_per_epoch(len(feats), cfg.batch_size, world)
     total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
+    extra_modules = list(extra_modules)
+    extra_params = [p for m in extra_modules for p in trainable_parameters(m)]
+    if extra_params and world > 1:
+        names = ", ".join(type(m).__name__ for m in extra_modules)
+        raise UsageError(f"the layers of {names} are trained beside the model and are not averaged "
+                         f"across the {world} processes; run on one process")
+    for m in extra_modules:
+        m.to(accelerator.device)
 
-    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg) + _decay_groups(extra_params, cfg), lr=cfg.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
     model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
+    hooked = hook_module(raw) if hook_module else raw
     for h in hooks:
-        h.on_train_begin(raw, total)
+        h.on_train_begin(hooked, total)
 
     step, running, resumed_from = 0, 0.0, None
     if resume and checkpoint_dir is not None:
         ckpt = latest_checkpoint(checkpoint_dir)
         if ckpt is not None:
-            loop = load_checkpoint(ckpt, raw, optimizer, scheduler, hooks)
+            loop = load_checkpoint(ckpt, raw, optimizer, scheduler, hooks, extra_modules)
             step, running, resumed_from = loop["step"], loop["running"], loop["step"]
 
     model.train()
+    for m in extra_modules:
+        m.train()
     main = accelerator.is_main_process
     bar = tqdm(total=total, initial=step, desc="train", leave=False,
                disable=not main or os.environ.get("COMPRESS_NO_PROGRESS") == "1")
@@ -278,20 +334,25 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
             if step >= total:
                 break
             batch = {k: v.to(accelerator.device) for k, v in collate([feats[i] for i in idx]).items()}
-            outputs = model(**batch)
-            loss = None
-            for h in hooks:
-                loss = h.compute_loss(model, batch, outputs) if loss is None else loss
-            loss = outputs.loss if loss is None else loss
+            extra: dict = {}
+            if loss_fn is not None:
+                loss, extra = loss_fn(model, batch)
+            else:
+                outputs = model(**batch)
+                loss = None
+                for h in hooks:
+                    loss = h.compute_loss(model, batch, outputs) if loss is None else loss
+                loss = outputs.loss if loss is None else loss
             accelerator.backward(loss)
             if cfg.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                clipped = [*model.parameters(), *extra_params] if extra_params else model.parameters()
+                accelerator.clip_grad_norm_(clipped, cfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             for h in hooks:
-                h.on_step_end(raw, step)
+                h.on_step_end(hooked, step)
             if world > 1 and cfg.rank_check_every and step % cfg.rank_check_every == 0:
                 check_ranks_agree(hooks, step)
             last = float(loss.detach())
@@ -303,13 +364,13 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                     mean = float(accelerator.reduce(torch.tensor(mean, device=accelerator.device),
                                                     "mean"))
                 if log and main:
-                    log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
+                    log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0], **extra})
                 running = 0.0
             if checkpoint_dir is not None and (
                     (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
                     or (checkpoint_last and step == total)):
                 save_checkpoint(checkpoint_dir, raw, optimizer, scheduler, hooks, step,
-                                loop={"running": running})
+                                loop={"running": running}, extra_modules=extra_modules)
     bar.close()
     accelerator.wait_for_everyone()
     return {"steps": step, "final_loss": last, "resumed_from": resumed_from}
@@ -406,13 +467,16 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 
 def save_checkpoint(folder: Path, model, optimizer, scheduler, hooks, step: int,
-                    loop: dict | None = None, keep: int = CHECKPOINT_KEEP) -> Path | None:
+                    loop: dict | None = None, keep: int = CHECKPOINT_KEEP,
+                    extra_modules: list[torch.nn.Module] = ()) -> Path | None:
     """Save the training state of ``step`` as ``folder/step-NNNNNNNN``; returns it (None off rank 0).
 
     Call on every rank in multi-process runs: the RNG states of all ranks are gathered, rank 0
     writes. The state goes to a temporary folder, is fsynced and hashed, and the folder is renamed,
     so an interruption at any point leaves the previous checkpoint intact. Older checkpoints beyond
     ``keep`` are removed after the new one is in place. ``loop`` holds extra loop state (plain values).
+    The ``state_dict`` of each of ``extra_modules`` (``train``'s) is saved under ``extra_modules``;
+    without them the checkpoint has no such entry.
     """
     rng = _rng_state()
     if is_distributed():
@@ -431,6 +495,8 @@ def save_checkpoint(folder: Path, model, optimizer, scheduler, hooks, step: int,
         "rng": gathered,
         "hooks": [h.state_dict() for h in hooks],
     }
+    if extra_modules:
+        state["extra_modules"] = [m.state_dict() for m in extra_modules]
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:08d}"
     tmp = folder / f".step-{step:08d}.tmp"
@@ -455,7 +521,8 @@ def save_checkpoint(folder: Path, model, optimizer, scheduler, hooks, step: int,
     return final
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, hooks) -> dict:
+def load_checkpoint(path: Path, model, optimizer, scheduler, hooks,
+                    extra_modules: list[torch.nn.Module] = ()) -> dict:
     """Restore a checkpoint folder written by ``save_checkpoint`` (or the newest valid one when
     ``path`` is the folder holding them); returns the loop state, ``{'step', 'running', ...}``."""
     if not _STEP_DIR.match(path.name):
@@ -468,8 +535,15 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, hooks) -> dict:
     except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint is reported as one line
         raise IntegrityError(f"checkpoint {path} cannot be read ({type(exc).__name__}); remove it to "
                              "resume from the previous one") from None
+    extra_states = state.get("extra_modules", [])
+    if len(extra_states) != len(extra_modules):
+        raise CompressError(f"checkpoint {path} holds the state of {len(extra_states)} extra module(s) "
+                            f"but this run trains {len(extra_modules)}; resume with the same command "
+                            "and options")
     try:
         model.load_state_dict(state["model"])
+        for m, ms in zip(extra_modules, extra_states):
+            m.load_state_dict(ms)
         optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

@@ -2,8 +2,9 @@
 
 Each objective is an ``nn.Module`` with ``loss(model, batch) -> (loss, logs)``; ``batch`` holds the
 model inputs plus ``start_positions``/``end_positions``. Its own parameters (a perturbation MLP,
-say) are trained with the model and are never saved with it: evaluation and export see the plain
-QA model.
+say; ``trainable_parameters()``) are trained with the model by ``compress.training.train`` and
+checkpointed with its state_dict, but never saved with the model: evaluation and export see the
+plain QA model.
 
 - ``plain``: the model's own loss (mean of start and end cross-entropy).
 - ``pfa``, perturbation for alignment (Yao et al. 2023, "Towards robust token embeddings for EQA"):
@@ -151,6 +152,15 @@ class PFAObjective(nn.Module):
 
     def trainable_parameters(self):
         return list(self.perturb.parameters())
+
+    def get_extra_state(self) -> dict:
+        # The critic's optimizer travels with the module's state_dict, so a training checkpoint
+        # (which saves the objective's state_dict) resumes the critic's Adam moments too.
+        return {"critic_optimizer": self._critic_opt.state_dict()} if self._critic_opt is not None else {}
+
+    def set_extra_state(self, state: dict) -> None:
+        if self._critic_opt is not None:
+            self._critic_opt.load_state_dict(state["critic_optimizer"])
 
     def align(self, a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None,
               update_critic: bool = True) -> torch.Tensor:

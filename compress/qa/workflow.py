@@ -1,24 +1,25 @@
 """SQuAD fine-tuning and evaluation: load -> features -> train (objective plug-in) -> post-process
 -> official EM/F1 -> save. Registered in ``compress.finetune.FINETUNE_FAMILIES``/``EVAL_FAMILIES``.
 
-QA uses its own short loop instead of ``compress.training.train`` because objectives such as PFA
-train parameters of their own (the perturbation MLP) and compute several forward passes per batch.
-Hooks are honoured the same way: ``on_train_begin(model, total_steps)`` and ``on_step_end(model,
-step)`` after each optimizer step (pruning re-applies masks there). The loss comes from the objective.
+Training is the shared loop, ``compress.training.train``: the objective computes the loss
+(``loss_fn=objective.loss``) and is trained beside the model (``extra_modules``: PFA's perturbation
+MLP is optimized and checkpointed with it), so checkpoints, ``--resume``, hooks and logging are
+those of every other task.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from compress.config import to_dict
-from compress.errors import ModelError, UsageError
+from compress.errors import ModelError
 from compress.models import load_tokenizer, read_meta, resolve_model, save_model
 from compress.pruning.pruner import saved_mask_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
@@ -29,7 +30,7 @@ from compress.qa.squad_metric import squad_scores
 from compress.runs import RunDir
 from compress.tasks import get_task
 from compress.tasks.qa import QADataset, load_squad_split
-from compress.training import epoch_order, set_seed
+from compress.training import set_seed, train
 
 QA_TASK = "squad"
 
@@ -72,55 +73,6 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def train_qa(model, tokenizer, feats: list[dict], cfg, objective, hooks: Sequence = (),
-             log: Callable[[dict], None] | None = None) -> dict:
-    """Train ``model`` in place on training windows; returns {'steps', 'final_loss'}."""
-    from transformers import get_linear_schedule_with_warmup
-
-    set_seed(cfg.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    objective.to(device)
-    per_epoch = max(1, math.ceil(len(feats) / cfg.batch_size))
-    total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
-    params = [p for p in model.parameters() if p.requires_grad] + list(objective.trainable_parameters())
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
-    for h in hooks:
-        h.on_train_begin(model, total)
-    model.train()
-    objective.train()
-    step, running, last = 0, 0.0, float("nan")
-    while step < total:
-        epoch, _ = divmod(step, per_epoch)
-        order = epoch_order(len(feats), cfg.seed, epoch)
-        for b in range(per_epoch):
-            if step >= total:
-                break
-            idx = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            batch = {k: v.to(device) for k, v in collate_features(tokenizer, [feats[i] for i in idx]).items()}
-            loss, extra = objective.loss(model, batch)
-            loss.backward()
-            if cfg.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            for h in hooks:
-                h.on_step_end(model, step)
-            last = float(loss.detach())
-            running += last
-            if log and step % cfg.log_every == 0:
-                log({"step": step, "loss": running / cfg.log_every, "lr": scheduler.get_last_lr()[0],
-                     **extra})
-                running = 0.0
-    return {"steps": step, "final_loss": last}
-
-
 @torch.no_grad()
 def predict_spans(model, tokenizer, feats: list[dict], batch_size: int) -> tuple[list, list]:
     """Start and end logits per window, each trimmed to the window's length."""
@@ -154,22 +106,24 @@ def evaluate_qa(model, tokenizer, ds: QADataset, max_length: int, doc_stride: in
 def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: dict | None = None) -> Path:
     """Fine-tune a span head on squad and evaluate it; returns the finished run folder."""
     spec = get_task(cfg.task)
-    if cfg.resume:
-        raise UsageError("--resume is not supported for squad yet; start a new run")
     doc_stride = effective_doc_stride(cfg, cfg.max_length)
     data = load_qa_data(cfg)
+    set_seed(cfg.seed)  # a fresh span head and the objective's layers start from the global RNG
     model, tokenizer, _ = load_qa_model(cfg.model)
     objective = make_objective(cfg.objective, model, cfg)
     hooks = list(hook_factory(model)) if hook_factory else []
     # A pruned encoder keeps its zeros on squad too, unless --information-deletion.
     hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False))
     name = cfg.name or f"{spec.name}-{cfg.objective}"
-    with RunDir(command, name=name, out=cfg.out) as run:
+    with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         t0 = time.time()
         feats = prepare_train_features(tokenizer, data["train"].examples, cfg.max_length, doc_stride)
-        result = train_qa(model, tokenizer, feats, cfg, objective, hooks, log=run.log_metrics)
+        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,
+                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume,
+                       collate=partial(collate_features, tokenizer), loss_fn=objective.loss,
+                       extra_modules=[objective])
         train_s = time.time() - t0
         metrics, preds = evaluate_qa(model, tokenizer, data["dev"], cfg.max_length, doc_stride,
                                      cfg.n_best, cfg.max_answer_length, cfg.eval_batch_size)
@@ -191,6 +145,7 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
                    "final_loss": result["final_loss"], "train_seconds": round(train_s, 1),
                    "metric": spec.metric, "eval": metrics}
         run.write_summary(summary)
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     print(f"{spec.name}: EM = {metrics['exact_match']:.2f}, F1 = {metrics['f1']:.2f} on "
           f"{metrics['n']} questions ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
     return run.path
@@ -224,4 +179,4 @@ def squad_references(ds: QADataset) -> dict[str, list[str]]:
     return {e.qid: list(e.answers) for e in ds.examples}
 
 
-__all__ = ["evaluate_qa", "eval_qa", "finetune_qa", "load_qa_model", "train_qa"]
+__all__ = ["evaluate_qa", "eval_qa", "finetune_qa", "load_qa_model"]

@@ -4,7 +4,6 @@ l2-normalised embeddings; trained with an in-batch sampled softmax over scaled d
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -14,7 +13,7 @@ from torch import nn
 
 from compress.errors import ModelError
 from compress.models import load_tokenizer, read_meta, resolve_model
-from compress.training import epoch_order, set_seed
+from compress.training import train
 
 REQA_TASK = "reqa"
 
@@ -99,56 +98,38 @@ def dual_encoder_order(model: DualEncoder, tokenizer, questions: Sequence[str], 
     return order_from_scores((q @ s.T).numpy())
 
 
+def pair_collate(tokenizer, questions: Sequence[str], sentences: Sequence[str],
+                 max_length: int) -> Callable[[list[tuple[int, int, float]]], dict]:
+    """(question index, sentence index, weight) rows -> a batch: the questions' inputs as ``q_*``,
+    the sentences' as ``s_*`` (each padded to its own longest), and ``question``, ``sentence``
+    (indices, (B,)) and ``weight`` ((B,) float)."""
+    def collate(rows: list[tuple[int, int, float]]) -> dict:
+        q = _tokens(tokenizer, [questions[r[0]] for r in rows], max_length, "cpu")
+        s = _tokens(tokenizer, [sentences[r[1]] for r in rows], max_length, "cpu")
+        return {**{f"q_{k}": v for k, v in q.items()}, **{f"s_{k}": v for k, v in s.items()},
+                "question": torch.tensor([r[0] for r in rows]),
+                "sentence": torch.tensor([r[1] for r in rows]),
+                "weight": torch.tensor([r[2] for r in rows], dtype=torch.float32)}
+    return collate
+
+
+def pair_loss(scale: float) -> Callable[[DualEncoder, dict], tuple[torch.Tensor, dict]]:
+    """The in-batch softmax loss of a ``pair_collate`` batch; a question or sentence that occurs twice
+    in the batch is not a negative of its other pairs."""
+    def loss(model: DualEncoder, batch: dict) -> tuple[torch.Tensor, dict]:
+        q = model(**{k[2:]: v for k, v in batch.items() if k.startswith("q_")})
+        s = model(**{k[2:]: v for k, v in batch.items() if k.startswith("s_")})
+        qi, si = batch["question"], batch["sentence"]
+        same = (qi[:, None] == qi[None, :]) | (si[:, None] == si[None, :])
+        return in_batch_softmax_loss(q, s, scale, batch["weight"], same), {}
+    return loss
+
+
 def train_dual_encoder(model: DualEncoder, tokenizer, pairs: Sequence[tuple[int, int, float]],
                        questions: Sequence[str], sentences: Sequence[str], cfg, scale: float,
                        hooks: Sequence = (), log: Callable[[dict], None] | None = None) -> dict:
-    """Train on (question index, sentence index, weight) pairs; returns {'steps', 'final_loss'}.
-
-    ``cfg`` supplies lr, epochs, max_steps, batch_size, max_length, warmup_ratio, weight_decay,
-    max_grad_norm, seed, log_every. Hooks get on_train_begin(encoder, total) and
-    on_step_end(encoder, step) with the Hugging Face encoder (what pruning masks apply to).
-    """
-    from transformers import get_linear_schedule_with_warmup
-
-    set_seed(cfg.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size))
-    total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=cfg.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
-    for h in hooks:
-        h.on_train_begin(model.encoder, total)
-    model.train()
-    step, running, last = 0, 0.0, float("nan")
-    while step < total:
-        order = epoch_order(len(pairs), cfg.seed, step // per_epoch)
-        for b in range(per_epoch):
-            if step >= total:
-                break
-            rows = [pairs[i] for i in order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
-            qi = torch.tensor([r[0] for r in rows], device=device)
-            si = torch.tensor([r[1] for r in rows], device=device)
-            w = torch.tensor([r[2] for r in rows], dtype=torch.float32, device=device)
-            q = model(**_tokens(tokenizer, [questions[r[0]] for r in rows], cfg.max_length, device))
-            s = model(**_tokens(tokenizer, [sentences[r[1]] for r in rows], cfg.max_length, device))
-            same = (qi[:, None] == qi[None, :]) | (si[:, None] == si[None, :])
-            loss = in_batch_softmax_loss(q, s, scale, w, same)
-            loss.backward()
-            if cfg.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            for h in hooks:
-                h.on_step_end(model.encoder, step)
-            last = float(loss.detach())
-            running += last
-            if log and step % cfg.log_every == 0:
-                log({"step": step, "loss": running / cfg.log_every, "lr": scheduler.get_last_lr()[0]})
-                running = 0.0
-    return {"steps": step, "final_loss": last}
+    """Train on (question index, sentence index, weight) pairs with ``compress.training.train``;
+    returns its result. Hooks get the Hugging Face encoder (what pruning masks apply to)."""
+    return train(model, tokenizer, list(pairs), cfg, list(hooks), log=log,
+                 collate=pair_collate(tokenizer, questions, sentences, cfg.max_length),
+                 loss_fn=pair_loss(scale), hook_module=lambda m: m.encoder)

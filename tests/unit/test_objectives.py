@@ -124,6 +124,21 @@ def test_w1_critic_trains_on_the_side_and_is_not_a_model_parameter():
     assert not ids & {id(p) for p in obj.critic.parameters()}
 
 
+def test_w1_critic_optimizer_state_travels_with_the_state_dict():
+    torch.manual_seed(0)
+    obj = PFAObjective(hidden=6, alignment="w1", critic_lr=1e-2)
+    obj.train()
+    obj.align(torch.randn(2, 4, 6), torch.randn(2, 4, 6) + 1.0, torch.ones(2, 4))
+    state = obj.state_dict()  # what a training checkpoint saves
+    torch.manual_seed(1)
+    other = PFAObjective(hidden=6, alignment="w1", critic_lr=1e-2)
+    other.load_state_dict(state)
+    a, b = other._critic_opt.state_dict(), obj._critic_opt.state_dict()
+    assert a["state"].keys() == b["state"].keys() and len(a["state"]) == 4
+    assert all(torch.equal(a["state"][i]["exp_avg"], b["state"][i]["exp_avg"]) for i in a["state"])
+    assert PFAObjective(hidden=6).state_dict()["_extra_state"] == {}  # no critic, nothing extra
+
+
 def test_topk_spans_hand_made():
     start = torch.tensor([[0.0, 5.0, 1.0, 0.0]])
     end = torch.tensor([[0.0, 0.0, 4.0, 3.0]])

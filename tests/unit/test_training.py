@@ -79,7 +79,7 @@ CFG = dict(lr=1e-3, max_steps=9, batch_size=8, max_length=24, log_every=2, warmu
 
 
 def _params(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,6 +158,114 @@ def test_rng_state_round_trip_including_numpy_gauss_cache(tmp_path):
     load_checkpoint(tmp_path, model, opt, sched, [])
     got = (torch.rand(3), np.random.standard_normal(3), random.random())
     assert torch.equal(want[0], got[0]) and np.array_equal(want[1], got[1]) and want[2] == got[2]
+
+
+# ---------------------------------------------------------------------------------------------------
+# plug-ins: collate, loss_fn, extra modules, hook_module (how squad and reqa use the same loop)
+
+
+class ScaledLoss(torch.nn.Module):
+    """A loss plug-in with a trainable layer of its own and a counter kept in its extra state."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Linear(2, 2)
+        self.frozen = torch.nn.Linear(2, 2)  # not handed to the loop's optimizer
+        self.calls = 0
+
+    def trainable_parameters(self):
+        return list(self.scale.parameters())
+
+    def get_extra_state(self):
+        return {"calls": self.calls}
+
+    def set_extra_state(self, state):
+        self.calls = state["calls"]
+
+    def loss(self, model, batch):
+        self.calls += 1
+        logits = self.scale(model(input_ids=batch["ids"], attention_mask=batch["mask"]).logits)
+        return torch.nn.functional.cross_entropy(logits, batch["y"]), {"calls": float(self.calls)}
+
+
+def _rows_collate(tok):
+    """A collate of its own: other key names than the model's, which only the loss plug-in knows."""
+    def collate(rows):
+        batch = tok.pad([{"input_ids": r["input_ids"]} for r in rows], return_tensors="pt")
+        return {"ids": batch["input_ids"], "mask": batch["attention_mask"],
+                "y": torch.tensor([r["labels"] for r in rows])}
+    return collate
+
+
+class SeesHook(TrainHook):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_begin(self, model, total_steps):
+        self.seen.append(type(model).__name__)
+
+    def on_step_end(self, model, step):
+        self.seen.append(type(model).__name__)
+
+
+def _plugged(tok, feats, cfg, folder=None, resume=False, model=None, obj=None):
+    model, obj, logs, hook = model or _model(), obj or ScaledLoss(), [], SeesHook()
+    out = train(model, tok, feats, cfg, [hook], log=logs.append, checkpoint_dir=folder, resume=resume,
+                collate=_rows_collate(tok), loss_fn=obj.loss, extra_modules=[obj],
+                hook_module=lambda m: m.bert)
+    return out, model, obj, logs, hook
+
+
+def test_loss_plugin_trains_its_own_layer_logs_its_extras_and_hooks_see_the_selected_module(tok, feats):
+    cfg = TrainConfig(**CFG)
+    obj = ScaledLoss()
+    init = _params(obj)
+    out, model, obj, logs, hook = _plugged(tok, feats, cfg, obj=obj)
+    assert out["steps"] == 9 and obj.calls == 9 and obj.training
+    # its trainable layer moved, the layer it keeps out of trainable_parameters() did not
+    now = _params(obj)
+    assert not torch.equal(now["scale.weight"], init["scale.weight"])
+    assert torch.equal(now["frozen.weight"], init["frozen.weight"])
+    assert torch.equal(now["frozen.bias"], init["frozen.bias"])
+    assert [r["step"] for r in logs] == [2, 4, 6, 8] and [r["calls"] for r in logs] == [2.0, 4.0, 6.0, 8.0]
+    assert set(logs[0]) == {"step", "loss", "lr", "calls"}
+    assert hook.seen == ["BertModel"] * 10  # on_train_begin + 9 steps, given model.bert
+
+
+def test_loss_plugin_resume_restores_the_extra_module_and_equals_uninterrupted(tok, feats, tmp_path):
+    cfg = TrainConfig(**CFG, checkpoint_every=3)
+    torch.manual_seed(0)
+    _, ref_model, ref_obj, ref_logs, _ = _plugged(tok, feats, cfg, tmp_path / "a")
+    state = torch.load(tmp_path / "a" / "step-00000006" / "state.pt", weights_only=True)
+    assert state["extra_modules"][0]["_extra_state"] == {"calls": 6}
+    # a different start: the model, the plug-in's layer and the global RNGs
+    torch.manual_seed(999)
+    np.random.seed(999)
+    random.seed(999)
+    out, model, obj, logs, _ = _plugged(tok, feats, cfg, tmp_path / "a", resume=True, model=_model(seed=3))
+    assert out["resumed_from"] == 6 and obj.calls == ref_obj.calls == 9
+    assert logs == [r for r in ref_logs if r["step"] > 6]
+    for a, b in ((model, ref_model), (obj, ref_obj)):
+        p, q = _params(a), _params(b)
+        assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+def test_default_checkpoint_has_no_extra_module_entry_and_a_mismatch_is_one_line(tok, feats, tmp_path):
+    cfg = TrainConfig(**{**CFG, "max_steps": 4}, checkpoint_every=3)
+    train(_model(), tok, feats, cfg, [], checkpoint_dir=tmp_path)
+    state = torch.load(tmp_path / "step-00000003" / "state.pt", weights_only=True)
+    assert set(state) == {"step", "loop", "model", "optimizer", "scheduler", "rng", "hooks"}
+    with pytest.raises(CompressError, match="state of 0 extra module"):
+        _plugged(tok, feats, cfg, tmp_path, resume=True)
+
+
+def test_a_hook_that_replaces_the_loss_is_refused_beside_a_loss_plugin(tok, feats):
+    class Replaces(TrainHook):
+        def compute_loss(self, model, batch, outputs):
+            return outputs.loss * 2
+
+    with pytest.raises(ValueError, match="Replaces replace the loss"):
+        train(_model(), tok, feats, TrainConfig(**CFG), [Replaces()], loss_fn=ScaledLoss().loss)
 
 
 # ---------------------------------------------------------------------------------------------------
