@@ -77,30 +77,50 @@ class LogRegStudent(Student):
         idf[cols] = torch.tensor(vec.idf_, dtype=torch.float32)[idx]
         self.idf.copy_(idf.to(self.idf.device))
 
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-        """tf-idf features (batch, num_features), l2-normalised per row."""
+    def _positions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feature index and 0/1 weight of every unigram and bigram position, exactly as
+        ``analyze`` builds them: (batch, n_positions) each."""
         real = padding_mask(input_ids, attention_mask) & ~self.special[input_ids]
         w = real.to(self.idf.dtype)
-        counts = torch.zeros(input_ids.shape[0], self.num_features, device=input_ids.device,
-                             dtype=self.idf.dtype)
-        counts.scatter_add_(1, input_ids, w)
         b = self.config.bigram_buckets
         if b and input_ids.shape[1] > 1:
-            # a bigram of two consecutive real tokens, exactly as ``analyze`` builds them
             x, y = input_ids[:, :-1], input_ids[:, 1:]
             bucket = self.vocab_size + (x * _PRIME + y) % b
-            counts.scatter_add_(1, bucket, w[:, :-1] * w[:, 1:])
-        tfidf = counts * self.idf
-        return nn.functional.normalize(tfidf, p=2.0, dim=1)
+            return torch.cat([input_ids, bucket], dim=1), torch.cat([w, w[:, :-1] * w[:, 1:]], dim=1)
+        return input_ids, w
+
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """tf-idf features (batch, num_features), l2-normalised per row (raw counts by scatter-add)."""
+        ids, w = self._positions(input_ids, attention_mask)
+        counts = torch.zeros(input_ids.shape[0], self.num_features, device=input_ids.device,
+                             dtype=self.idf.dtype)
+        counts.scatter_add_(1, ids, w)
+        return nn.functional.normalize(counts * self.idf, p=2.0, dim=1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        """input_ids (batch, seq) -> logits (batch, num_labels)."""
-        return self.linear(self.dropout(self.features(input_ids, attention_mask)))
+        """input_ids (batch, seq) -> logits (batch, num_labels).
+
+        Without dropout the dense (batch, num_features) tf-idf vector is never built: with
+        a_t = idf[id_t] at each real position t, W v = sum_t a_t W[:, id_t] is a gather, and
+        ||v||^2 = sum_{t,s} a_t a_s [id_t == id_s] needs only the positions' pairwise equality
+        (raw counts make this exact). That is O(seq^2) per example instead of O(num_features),
+        which is what makes the exported graph fast. With dropout (training) the dense path runs.
+        """
+        if self.training and self.config.dropout > 0:
+            return self.linear(self.dropout(self.features(input_ids, attention_mask)))
+        ids, w = self._positions(input_ids, attention_mask)
+        a = w * self.idf[ids]  # (batch, n)
+        raw = (a.unsqueeze(-1) * self.linear.weight.t()[ids]).sum(dim=1)  # (batch, num_labels)
+        same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(a.dtype)  # (batch, n, n)
+        norm_sq = torch.matmul(torch.matmul(a.unsqueeze(1), same), a.unsqueeze(2)).reshape(-1, 1)
+        norm = norm_sq.clamp_min(0).sqrt().clamp_min(1e-12)  # F.normalize's eps
+        return raw / norm + self.linear.bias
 
     def flops_per_example(self, seq_len: int) -> int:
-        """As implemented (dense): counting (seq_len adds per n-gram order), idf product and l2
-        norm (about 3 x num_features), and the linear layer (2 x num_features x num_labels)."""
-        orders = 2 if self.config.bigram_buckets else 1
-        return orders * seq_len + 3 * self.num_features + 2 * self.num_features * self.config.num_labels
+        """As implemented at inference (gather path), n = n-gram positions: idf products (n), the
+        gathered weight rows times a (2 x n x num_labels), the pairwise norm (2 x n^2 + 2 x n)."""
+        n = 2 * seq_len - 1 if self.config.bigram_buckets and seq_len > 1 else seq_len
+        return n + 2 * n * self.config.num_labels + 2 * n * n + 2 * n

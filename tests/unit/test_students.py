@@ -166,6 +166,31 @@ def test_logreg_features_equal_sklearn_tfidf():
             assert ours[f] == pytest.approx(theirs[f], rel=1e-5)
 
 
+def test_logreg_gather_forward_equals_the_dense_tfidf_path():
+    """The inference path (gather + pairwise norm) gives the logits of the explicit tf-idf vector,
+    with repeated unigrams and bigrams, padding, special tokens and unseen ids."""
+    torch.manual_seed(0)
+    model = _make("logreg")
+    model.prepare([[1, 5, 6, 7, 2], [1, 5, 8, 2, 9, 2], [1, 9, 10, 11, 12, 2], [1, 5, 5, 6, 2]])
+    with torch.no_grad():
+        model.linear.weight.normal_()
+        model.linear.bias.normal_()
+    model.eval()
+    ids = torch.tensor([[1, 5, 6, 5, 6, 5, 6, 2], [1, 9, 5, 2, 13, 5, 2, 0], [1, 2, 0, 0, 0, 0, 0, 0]])
+    mask = (ids != 0).long()
+    dense = model.linear(model.features(ids, mask))
+    got = model(ids, mask)
+    assert torch.allclose(got, dense, atol=1e-6)
+    assert torch.allclose(got[2], model.linear.bias)  # no real token: all-zero features
+
+
+def test_logreg_flops_count_the_gather_path_by_hand():
+    model = _make("logreg")
+    labels = model.config.num_labels
+    n = 2 * 7 - 1  # 7 unigram and 6 bigram positions
+    assert model.flops_per_example(7) == n + 2 * n * labels + 2 * n * n + 2 * n
+
+
 def test_logreg_bigrams_do_not_cross_special_tokens():
     model = _make("logreg")
     feats = model.analyze([1, 5, 2, 6, 2])
