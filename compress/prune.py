@@ -14,7 +14,6 @@ interrupted one; the finished run equals an uninterrupted one with the same seed
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import shutil
@@ -31,7 +30,7 @@ from compress.measure.sparsity import sparsity_report
 from compress.models import load_classifier, load_tokenizer, resolve_model, save_model
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, load_saved_model, save_masks
 from compress.pruning.masks import get_criterion, get_scope
-from compress.pruning.pruner import MagnitudePruner, PruningHook, matching_masks
+from compress.pruning.pruner import MagnitudePruner, PruningHook, add_meta, matching_masks
 from compress.pruning.schedules import SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
@@ -168,20 +167,27 @@ def pruning_meta(cfg: PruneConfig, pruner: MagnitudePruner | None, structured: d
 def save_pruned(run: RunDir, model, tokenizer, masks: dict | None, meta: dict, summary: dict) -> dict:
     """Model (HF format, zeros stored) + masks + sparsity.json + summary.json; the saved model is
     reloaded with plain ``from_pretrained`` and every mask checked on it."""
-    model_dir = run.path / "model"
-    save_model(model, tokenizer, model_dir, meta)
-    reloaded = load_saved_model(model_dir)
-    if masks:
-        save_masks(masks, model_dir / MASKS_FILE)
-        _link_or_copy(model_dir / MASKS_FILE, run.path / MASKS_FILE)
-        check_masks(reloaded, load_masks(model_dir / MASKS_FILE))
-    report = sparsity_report(reloaded, masks or None)
-    write_json(run.path / "sparsity.json", report)
+    save_model(model, tokenizer, run.path / "model", meta)
+    report = write_masks_and_sparsity(run.path, masks)
     summary = {**summary, "sparsity": {g: report[g]["sparsity"] for g in ("global", "embeddings",
                                                                           "encoder")},
                "heads_overall": report["heads_overall"]}
     run.write_summary(summary)
     return summary
+
+
+def write_masks_and_sparsity(run_path: Path, masks: dict | None) -> dict:
+    """Next to the saved ``run_path/model``: its masks (checked on the model reloaded with plain
+    ``from_pretrained``) and ``sparsity.json``; returns the sparsity report."""
+    model_dir = run_path / "model"
+    reloaded = load_saved_model(model_dir)
+    if masks:
+        save_masks(masks, model_dir / MASKS_FILE)
+        _link_or_copy(model_dir / MASKS_FILE, run_path / MASKS_FILE)
+        check_masks(reloaded, load_masks(model_dir / MASKS_FILE))
+    report = sparsity_report(reloaded, masks or None)
+    write_json(run_path / "sparsity.json", report)
+    return report
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -415,16 +421,8 @@ class _FinalizeAndWrite(TrainHook):
             self.masks = self.pruner.finalize()
 
     def save(self, run_path: Path) -> None:
-        model_dir = Path(run_path) / "model"
-        save_masks(self.masks, model_dir / MASKS_FILE)
-        _link_or_copy(model_dir / MASKS_FILE, Path(run_path) / MASKS_FILE)
-        reloaded = load_saved_model(model_dir)
-        check_masks(reloaded, self.masks)
-        write_json(Path(run_path) / "sparsity.json", sparsity_report(reloaded, self.masks))
-        meta_file = model_dir / "compress.json"
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        meta["pruning"] = pruning_meta(self.cfg, self.pruner, None)
-        meta_file.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        add_meta(Path(run_path) / "model", {"pruning": pruning_meta(self.cfg, self.pruner, None)})
+        write_masks_and_sparsity(Path(run_path), self.masks)
 
 
 def prune_finetune_workflow(cfg: PruneConfig, family: str) -> Path:

@@ -42,13 +42,19 @@ def _number(kind):
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str, str] | None = None,
-                    positional: tuple[str, ...] = ()) -> None:
-    """One flag per dataclass field (``foo_bar`` -> ``--foo-bar``), defaults shown from the class."""
+                    positional: tuple[str, ...] = (), only: typing.Collection[str] | None = None) -> None:
+    """One flag per dataclass field (``foo_bar`` -> ``--foo-bar``), defaults shown from the class.
+
+    With ``only``, just those fields and no ``--config`` (extra flags of a second config class, added
+    to an argument group of a parser that already has them)."""
     helps = helps or {}
     hints = typing.get_type_hints(cls)
-    parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
-                        help="YAML file of options; explicit flags win over it")
+    if only is None:
+        parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
+                            help="YAML file of options; explicit flags win over it")
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
         text = helps.get(f.name, "")

@@ -1,4 +1,3 @@
-import argparse
 import dataclasses
 
 from compress.cli.common import add_config_args, config_from_args
@@ -52,11 +51,7 @@ REQA_ONLY = sorted(_fields(ReQAMiningConfig) - _fields(DistillConfig))
 def add_arguments(parser):
     add_config_args(parser, DistillConfig, HELPS)
     group = parser.add_argument_group("--task reqa --student dual-encoder (cross-attention mining)")
-    sub = argparse.ArgumentParser(add_help=False)
-    add_config_args(sub, ReQAMiningConfig)
-    for action in sub._actions:
-        if action.dest in REQA_ONLY:
-            group._add_action(action)
+    add_config_args(group, ReQAMiningConfig, only=REQA_ONLY)
 
 
 def run(args):

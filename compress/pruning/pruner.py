@@ -211,7 +211,7 @@ class KeepMasksHook(TrainHook):
     def save(self, run_path: Path) -> None:
         model_dir = Path(run_path) / "model"
         save_masks(self.masks, model_dir / MASKS_FILE)
-        _add_meta(model_dir, {"pruning": {**self.meta, "kept_masks": True}})
+        add_meta(model_dir, {"pruning": {**self.meta, "kept_masks": True}})
         from compress.pruning.integrity import load_saved_model
 
         check_masks(load_saved_model(model_dir), self.masks)
@@ -233,10 +233,11 @@ class InformationDeletionHook(TrainHook):
             self.applied = True
 
     def save(self, run_path: Path) -> None:
-        _add_meta(Path(run_path) / "model", {"information_deletion": {**self.meta}})
+        add_meta(Path(run_path) / "model", {"information_deletion": {**self.meta}})
 
 
-def _add_meta(model_dir: Path, extra: dict) -> None:
+def add_meta(model_dir: Path, extra: dict) -> None:
+    """Merge ``extra`` into the saved model's ``compress.json``."""
     f = model_dir / "compress.json"
     meta = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
     meta.update(extra)
