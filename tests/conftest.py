@@ -21,6 +21,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("NLTK_DATA", str(SHARED_DATA / "nltk_data"))
 
 
+def skip_without_tagger_data() -> None:
+    """Augmentation needs NLTK's tagger data, which ships in ../shared/data/nltk_data."""
+    if not (SHARED_DATA / "nltk_data").is_dir():
+        pytest.skip("../shared/data/nltk_data (NLTK tagger data for --augment) is not present")
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import kill_at_first_checkpoint, run_cli, write_tiny_squad
+from tests.conftest import kill_at_first_checkpoint, run_cli, skip_without_tagger_data, write_tiny_squad
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,8 @@ def teacher_run(tiny_bert, tmp_path_factory):
     ("logreg", ["--no-kd"]),
 ])
 def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
+    if "--augment" in extra:
+        skip_without_tagger_data()
     out = tmp_path / "run"
     r = run_cli("distill", "--student", student, "--teacher", str(teacher_run), "--epochs", "2",
                 "--max-length", "32", "--out", str(out), *extra)

@@ -73,6 +73,9 @@ def test_distill_reuses_teacher_logits_across_runs(tiny_teacher, tmp_path, monke
         calls["texts"] += len(texts)
         return real(model, tokenizer, texts, *args, **kwargs)
 
+    from tests.conftest import skip_without_tagger_data
+
+    skip_without_tagger_data()
     monkeypatch.setattr(workflow, "teacher_predict", counting)
     base = dict(student="kimcnn", teacher=str(tiny_teacher), epochs=1, max_length=32, augment=1,
                 student_options=("num_filters=4",))
