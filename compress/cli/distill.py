@@ -27,6 +27,8 @@ HELPS = {
     "student_embeddings": "initial embeddings: teacher, random, or a word2vec/GloVe text file",
     "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
     "train_limit": "use only the first N training examples (teacher and student)",
+    "val_fraction": "hold out this share of the training examples (not trained on, not augmented) "
+                    "and keep the student's best epoch on them (default 0: the last epoch)",
     "augment": "augmented copies per training example (Tang et al. 2019); needs NLTK tagger data",
     "temperature": "softmax/sigmoid temperature T of the distillation term (> 0)",
     "kd_lambda": "weight of the distillation term: L = L_task + lambda L_KD "

@@ -79,13 +79,22 @@ def predict_student(model, sequences: list[list[int]], pad_id: int, batch_size: 
     return out
 
 
+def _state_copy(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
 def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: int,
                   device: torch.device | str = "cpu", use_teacher: bool = True,
                   log: Callable[[dict], None] | None = None,
                   epoch_end: Callable[[int], dict] | None = None,
+                  validate: Callable[[], float] | None = None,
                   checkpoint: Path | None = None) -> dict:
     """Train ``model`` in place. ``epoch_end(epoch)`` may return metrics that are logged.
-    With ``checkpoint`` set, state is saved there after every epoch and a run resumes from it."""
+
+    With ``validate`` (a score, higher is better, on examples held out of training) the model is
+    scored after every epoch and ends with the weights of its best epoch (the earlier one on a tie);
+    without it, with the last epoch's. With ``checkpoint`` set, state (the best epoch's weights
+    included) is saved there after every epoch and a run resumes from it."""
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     model.to(device)
@@ -105,6 +114,8 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
             o.load_state_dict(o_state)
         torch.set_rng_state(state["rng_torch"])
         start = int(state["epoch"])
+    val_scores: list[float] = list(state.get("val_scores", [])) if start else []
+    best = state.get("best") if start else None
     step, t0, last = 0, time.time(), float("nan")
     for epoch in range(start, cfg.epochs):
         model.train()
@@ -134,6 +145,11 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
         last = sums["loss"] / max(batches, 1)
         record = {"epoch": epoch + 1, **{k: v / max(batches, 1) for k, v in sums.items()},
                   "seconds": round(time.time() - t0, 1)}
+        if validate is not None:
+            val_scores.append(float(validate()))
+            record["val_score"] = val_scores[-1]
+            if val_scores[-1] > max(val_scores[:-1], default=float("-inf")):
+                best = _state_copy(model)
         if epoch_end is not None:
             record["eval"] = epoch_end(epoch + 1)
         if log:
@@ -141,12 +157,18 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
         # one line per epoch: not a progress bar, so COMPRESS_NO_PROGRESS leaves it on
         ev = record.get("eval", {}).get("score")
         print(f"  epoch {epoch + 1}/{cfg.epochs}: loss {last:.4f}"
+              + (f", held-out {val_scores[-1]:.4f}" if validate is not None else "")
               + (f", dev {ev:.4f}" if ev is not None else "") + f" ({record['seconds']}s)", flush=True)
         if checkpoint is not None:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
             tmp = checkpoint.with_name(checkpoint.name + ".tmp")
             torch.save({"epoch": epoch + 1, "model": model.state_dict(),
                         "optimizers": [o.state_dict() for o in opts],
-                        "rng_torch": torch.get_rng_state()}, tmp)
+                        "rng_torch": torch.get_rng_state(), "val_scores": val_scores, "best": best}, tmp)
             tmp.replace(checkpoint)
-    return {"steps": step, "epochs": cfg.epochs, "final_loss": last, "seconds": time.time() - t0}
+    out = {"steps": step, "epochs": cfg.epochs, "final_loss": last, "seconds": time.time() - t0}
+    if validate is not None:
+        selected = val_scores.index(max(val_scores)) + 1
+        model.load_state_dict(best)
+        out.update(val_scores=val_scores, selected_epoch=selected)
+    return out

@@ -53,6 +53,7 @@ class DistillConfig:
     eval_limit: int | None = None
     max_length: int = 128
     augment: int = 0
+    val_fraction: float = 0.0  # > 0: hold out this share of the training examples, keep the best epoch
     # loss
     temperature: float = 1.0
     kd_lambda: float | None = None  # None: 4 single-label, 1 multi-label (Adhikari et al. 2020)
@@ -81,6 +82,7 @@ class DistillConfig:
         if self.kd_lambda is not None:
             check_range("kd_lambda", self.kd_lambda, 0)
         check_range("augment", self.augment, 0)
+        check_range("val_fraction", self.val_fraction, 0, 0.5, hi_open=True)
         check_range("max_length", self.max_length, 8, 512)
         check_range("epochs", self.epochs, 1)
         if self.lr is not None:
@@ -119,6 +121,21 @@ def _gold(ds) -> np.ndarray:
     return np.asarray(ds.labels)
 
 
+def hold_out(ds, fraction: float, seed: int):
+    """Split ``ds`` into (train, held-out): a seeded random ``fraction`` of the examples (at least
+    one) is held out, both parts keep their original order. ``fraction`` 0 returns (ds, None).
+    The held-out examples are neither trained on nor augmented; they only pick the epoch."""
+    if fraction <= 0:
+        return ds, None
+    n_val = max(1, round(len(ds) * fraction))
+    if n_val >= len(ds):
+        raise UsageError(f"--val-fraction {fraction} leaves no training examples out of {len(ds)}; "
+                         "lower it or raise --train-limit")
+    held = set(np.random.default_rng(seed).permutation(len(ds))[:n_val].tolist())
+    keep = [i for i in range(len(ds)) if i not in held]
+    return ds.select(keep), ds.select(sorted(held))
+
+
 def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
     """Fine-tune the packaged encoder on the task into ``folder`` (a finetune run folder)."""
     from compress.finetune import FinetuneConfig, run_finetune
@@ -146,6 +163,7 @@ def run_distill(cfg: DistillConfig) -> Path:
         require_nltk_data()
     spec, data = load_task_data(cfg)
     train_ds, eval_ds = data["train"], data["eval"]
+    train_ds, val_ds = hold_out(train_ds, cfg.val_fraction, cfg.seed)
     labels, multilabel = train_ds.label_names, train_ds.multilabel
     kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else (1.0 if multilabel else 4.0)
     options.setdefault("num_labels", len(labels))
@@ -212,6 +230,7 @@ def run_distill(cfg: DistillConfig) -> Path:
 
         train_ids = encode(texts, pairs) if not cfg.no_kd else encode(train_ds.texts, train_ds.pairs)
         eval_ids = encode(eval_ds.texts, eval_ds.pairs)
+        val_ids = encode(val_ds.texts, val_ds.pairs) if val_ds is not None else None
         gold = _gold(train_ds)
         examples = []
         for i, ids in enumerate(train_ids):
@@ -244,11 +263,16 @@ def run_distill(cfg: DistillConfig) -> Path:
             logits = predict_student(student, eval_ids, pad_id, device=device)
             return _score(spec.family, spec.metric, logits, eval_gold)
 
+        def validate():
+            logits = predict_student(student, val_ids, pad_id, device=device)
+            return _score(spec.family, spec.metric, logits, _gold(val_ds))["score"]
+
         print(f"distill {cfg.student} ({mode}) on {spec.name}: {len(examples)} training examples "
               f"({len(train_ds)} original + {len(aug_texts) if not cfg.no_kd else 0} augmented), "
               f"teacher logits: {train_from}", flush=True)
         result = train_student(student, examples, train_cfg, pad_id, device, use_teacher=not cfg.no_kd,
                                log=run.log_metrics, epoch_end=epoch_end,
+                               validate=validate if val_ds is not None else None,
                                checkpoint=run.path / "checkpoint" / "student.pt")
 
         # ---- evaluation and report ----------------------------------------------------------
@@ -297,6 +321,11 @@ def run_distill(cfg: DistillConfig) -> Path:
                         "student_train": round(result["seconds"], 1),
                         "total": round(time.time() - t_start, 1)},
             "steps": result["steps"], "epochs": cfg.epochs,
+            "model_selection": (
+                {"rule": "best epoch on held-out training examples", "val_fraction": cfg.val_fraction,
+                 "val_examples": len(val_ds), "val_scores": result["val_scores"],
+                 "selected_epoch": result["selected_epoch"]}
+                if val_ds is not None else {"rule": "last epoch"}),
         }
         run.write_summary(summary)
         table = format_table(rows, spec.metric)

@@ -43,6 +43,13 @@ class TextDataset:
         return TextDataset(self.texts[:n], self.labels[:n], self.label_names,
                            None if self.pairs is None else self.pairs[:n], self.multilabel)
 
+    def select(self, indices: list[int]) -> TextDataset:
+        """The examples at ``indices``, in that order."""
+        return TextDataset([self.texts[i] for i in indices], [self.labels[i] for i in indices],
+                           self.label_names,
+                           None if self.pairs is None else [self.pairs[i] for i in indices],
+                           self.multilabel)
+
 
 @dataclass(frozen=True)
 class TaskSpec:

@@ -66,6 +66,22 @@ def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
     assert acc == pytest.approx(s["student_eval"]["accuracy"])
 
 
+def test_val_fraction_holds_out_and_keeps_the_best_epoch(teacher_run, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("distill", "--student", "logreg", "--no-kd", "--teacher", str(teacher_run),
+                "--epochs", "3", "--max-length", "32", "--val-fraction", "0.25", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    sel = s["model_selection"]
+    assert s["train_examples"] == 192 and sel["val_examples"] == 64 and s["eval_examples"] == 64
+    epochs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["val_score"] for e in epochs] == sel["val_scores"] and len(sel["val_scores"]) == 3
+    assert sel["selected_epoch"] == sel["val_scores"].index(max(sel["val_scores"])) + 1
+    # the reported dev score is the selected epoch's, which the per-epoch log also recorded
+    assert s["student_eval"]["score"] == pytest.approx(epochs[sel["selected_epoch"] - 1]["eval"]["score"])
+    assert "held-out" in r.stdout
+
+
 def test_teacher_embeddings_are_copied(teacher_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "kimcnn", "--teacher", str(teacher_run), "--epochs", "1",
@@ -99,6 +115,7 @@ def other_labels(tmp_path_factory):
     (["--student-options", "hidden=3"], 2, "unknown option 'hidden'"),
     (["--student-embeddings", "/no/such/vectors.txt"], 2, "--student-embeddings"),
     (["--teacher-cache", "/no/such/run"], 2, "--teacher-cache"),
+    (["--val-fraction", "0.5"], 2, "--val-fraction must be in [0, 0.5)"),
 ])
 def test_bad_input_one_line_no_run_folder(teacher_run, tmp_path, args, code, needle):
     out = tmp_path / "run"
