@@ -43,6 +43,8 @@ def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs,
     p.add_argument("--max-length", type=int, default=max_length)
     p.add_argument("--augment", type=int, default=augment)
     p.add_argument("--epochs", type=int, default=epochs, help="student epochs")
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="hold out this share of the training examples to pick each student's best epoch")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--students", default=students, help="comma list of bilstm, kimcnn, logreg")
     p.add_argument("--lr", action="append", default=[], metavar="STUDENT=LR",
@@ -87,6 +89,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
                 train_limit=args.train_limit, eval_limit=args.eval_limit, max_length=args.max_length,
                 augment=args.augment if mode == "kd" else 0, no_kd=mode == "no-kd",
                 epochs=args.epochs, batch_size=args.batch_size, lr=lrs[student], seed=args.seed,
+                val_fraction=args.val_fraction,
                 student_options=options.get(student, ()), teacher_cache=cache,
                 name=f"bench-{task}-{student}-{mode}")
             t0 = time.time()
@@ -100,6 +103,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
                          "flops_per_example": s["flops_per_example"]["student"],
                          "teacher_over_student_flops": s["flops_per_example"]["teacher_over_student"],
                          "augmented_examples": s["augmented_examples"], "lr": lrs[student],
+                         "model_selection": s["model_selection"],
                          "seconds": round(time.time() - t0, 1), "seconds_detail": s["seconds"]})
             teacher_score = s["teacher_eval"]["score"]
             teacher_meta = {"params": s["params"]["teacher"],
