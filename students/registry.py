@@ -23,6 +23,14 @@ class StudentEntry:
     #: Adam learning rate used when --lr is not given. The linear model on l2-normalised tf-idf
     #: needs large weights and so a larger step than the neural students.
     default_lr: float = 1e-3
+    #: Adam's L2 penalty (weight_decay, coupled: it adds wd * w to the gradient, the gradient of
+    #: wd/2 ||w||^2 on top of the mean loss) and the learning-rate schedule, when not given.
+    #: The neural students rely on dropout; the linear model has nothing else against overfitting
+    #: its ~160k tf-idf weights: wd = 1/(C n) is scikit-learn's LogisticRegression default C = 1 at
+    #: n = 20,000 examples, and a linear decay to zero lets the last epoch settle instead of ending
+    #: wherever a constant large step leaves it.
+    default_weight_decay: float = 0.0
+    default_lr_schedule: str = "constant"
 
 
 STUDENTS: dict[str, StudentEntry] = {
@@ -32,7 +40,7 @@ STUDENTS: dict[str, StudentEntry] = {
                            "Kim (2014) CNN: widths 3,4,5, max-over-time pooling, dropout"),
     "logreg": StudentEntry(LogRegConfig, LogRegStudent,
                            "logistic regression on in-graph tf-idf of WordPiece uni+bigrams",
-                           default_lr=3e-2),
+                           default_lr=3e-2, default_weight_decay=5e-5, default_lr_schedule="linear"),
 }
 
 STUDENT_FILE = "student.json"

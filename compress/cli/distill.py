@@ -35,6 +35,9 @@ HELPS = {
                  "(default 4 single-label, 1 multi-label)",
     "no_kd": "train the same student on gold labels only (the baseline)",
     "lr": "student Adam learning rate (default: per student, 1e-3 bilstm/kimcnn, 3e-2 logreg)",
+    "weight_decay": "Adam L2 penalty of the student (default: per student, 0 bilstm/kimcnn, 5e-5 logreg)",
+    "lr_schedule": "student learning rate: constant or linear (decay to 0); default per student, "
+                   "constant bilstm/kimcnn, linear logreg",
     "teacher_epochs": "epochs when fine-tuning the teacher first (--teacher minilm)",
     "teacher_cache": "an earlier distill run folder whose cached teacher logits to reuse",
     "out": "run folder to create", "resume": "continue an interrupted run in --out",

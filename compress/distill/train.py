@@ -16,8 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.config import check_range
+from compress.config import check_choice, check_range
 from compress.distill.losses import distillation_loss
+
+LR_SCHEDULES = ("constant", "linear")
+
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """Multiplier of the base learning rate before optimizer step ``step`` (0-based) of ``total``."""
+    if schedule == "linear":
+        return max(0.0, 1.0 - step / max(total, 1))
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,7 @@ class StudentTrainConfig:
     temperature: float = 1.0
     kd_lambda: float = 4.0
     multilabel: bool = False
+    lr_schedule: str = "constant"  # or "linear": decay to 0 over all steps
 
     def __post_init__(self):
         check_range("lr", self.lr, 0, None, lo_open=True)
@@ -38,6 +48,7 @@ class StudentTrainConfig:
         check_range("batch_size", self.batch_size, 1)
         check_range("temperature", self.temperature, 0, None, lo_open=True)
         check_range("kd_lambda", self.kd_lambda, 0)
+        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
 
 def collate(rows: list[dict], pad_id: int, num_labels: int, multilabel: bool) -> dict[str, torch.Tensor]:
@@ -117,6 +128,8 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
     val_scores: list[float] = list(state.get("val_scores", [])) if start else []
     best = state.get("best") if start else None
     step, t0, last = 0, time.time(), float("nan")
+    per_epoch = -(-len(examples) // cfg.batch_size)
+    total_steps = per_epoch * cfg.epochs
     for epoch in range(start, cfg.epochs):
         model.train()
         g = torch.Generator().manual_seed(cfg.seed + epoch)
@@ -124,6 +137,10 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
         sums = {"loss": 0.0, "task": 0.0, "distill": 0.0}
         batches = 0
         for s in range(0, len(order), cfg.batch_size):
+            factor = lr_factor(cfg.lr_schedule, epoch * per_epoch + s // cfg.batch_size, total_steps)
+            for o in opts:
+                for group in o.param_groups:
+                    group["lr"] = cfg.lr * factor
             b = collate([examples[i] for i in order[s:s + cfg.batch_size]], pad_id, num_labels,
                         cfg.multilabel)
             b = {k: v.to(device) for k, v in b.items()}

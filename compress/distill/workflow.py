@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.config import check_range, to_dict
+from compress.config import check_choice, check_range, to_dict
 from compress.distill.augment import AugmentConfig, augment_texts, require_nltk_data
 from compress.distill.embeddings import check_embedding_spec, initial_embeddings
 from compress.distill.losses import kd_loss_name
@@ -27,7 +27,12 @@ from compress.distill.teacher import (
     teacher_predict,
     transfer_key,
 )
-from compress.distill.train import StudentTrainConfig, predict_student, train_student
+from compress.distill.train import (
+    LR_SCHEDULES,
+    StudentTrainConfig,
+    predict_student,
+    train_student,
+)
 from compress.errors import UsageError
 from compress.metrics import compute_metrics
 from compress.models import PACKAGED, load_classifier, load_tokenizer, resolve_model
@@ -62,7 +67,8 @@ class DistillConfig:
     lr: float | None = None  # None: the student's default_lr in the registry
     epochs: int = 10
     batch_size: int = 64
-    weight_decay: float = 0.0
+    weight_decay: float | None = None  # None: the student's default in the registry
+    lr_schedule: str | None = None  # constant | linear; None: the student's default
     max_grad_norm: float = 5.0
     seed: int = 42
     # teacher fine-tuning (when --teacher names a packaged encoder) and inference
@@ -88,6 +94,10 @@ class DistillConfig:
         if self.lr is not None:
             check_range("lr", self.lr, 0, None, lo_open=True)
         check_range("batch_size", self.batch_size, 1)
+        if self.weight_decay is not None:
+            check_range("weight_decay", self.weight_decay, 0)
+        if self.lr_schedule is not None:
+            check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_range("teacher_epochs", self.teacher_epochs, 0, None, lo_open=True)
         for lim in ("train_limit", "eval_limit"):
             v = getattr(self, lim)
@@ -177,8 +187,11 @@ def run_distill(cfg: DistillConfig) -> Path:
     if "special_ids" in entry.config_class.__dataclass_fields__:
         options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
     lr = cfg.lr if cfg.lr is not None else entry.default_lr
+    weight_decay = cfg.weight_decay if cfg.weight_decay is not None else entry.default_weight_decay
+    lr_schedule = cfg.lr_schedule or entry.default_lr_schedule
     train_cfg = StudentTrainConfig(lr=lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                   weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                                   weight_decay=weight_decay, lr_schedule=lr_schedule,
+                                   max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
                                    multilabel=multilabel)
     aug_cfg = AugmentConfig(copies=cfg.augment, seed=cfg.seed,
@@ -305,7 +318,8 @@ def run_distill(cfg: DistillConfig) -> Path:
             "command": "distill", "task": spec.name, "metric": spec.metric, "student": cfg.student,
             "mode": mode, "teacher": teacher_spec, "teacher_finetuned_here": finetune_first,
             "kd_loss": None if cfg.no_kd else kd_loss_name(multilabel), "kd_lambda": kd_lambda,
-            "temperature": cfg.temperature, "lr": lr, "student_config": to_dict(scfg),
+            "temperature": cfg.temperature, "lr": lr, "weight_decay": weight_decay,
+            "lr_schedule": lr_schedule, "student_config": to_dict(scfg),
             "embeddings": emb_info,
             "train_examples": len(train_ds), "augmented_examples": 0 if cfg.no_kd else len(aug_texts),
             "eval_examples": len(eval_ds), "teacher_logits": {"transfer": train_from, "eval": eval_from},

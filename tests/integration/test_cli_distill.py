@@ -42,6 +42,9 @@ def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
     assert s["student"] == student and s["eval_examples"] == 64 and s["train_examples"] == 256
     assert s["mode"] == ("no-kd" if "--no-kd" in extra else "kd")
     assert s["kd_lambda"] == 4.0 and s["metric"] == "accuracy"
+    # per-student defaults from the registry: only the linear model is L2-penalised and decayed
+    expected = (5e-5, "linear") if student == "logreg" else (0.0, "constant")
+    assert (s["weight_decay"], s["lr_schedule"]) == expected
     assert s["augmented_examples"] == (256 if "--augment" in extra else 0)
     fl = s["flops_per_example"]
     assert fl["teacher"] > 0 and fl["student"] > 0  # the 32-wide test teacher is cheaper than logreg
@@ -116,6 +119,8 @@ def other_labels(tmp_path_factory):
     (["--student-embeddings", "/no/such/vectors.txt"], 2, "--student-embeddings"),
     (["--teacher-cache", "/no/such/run"], 2, "--teacher-cache"),
     (["--val-fraction", "0.5"], 2, "--val-fraction must be in [0, 0.5)"),
+    (["--lr-schedule", "cosine"], 2, "unknown lr schedule 'cosine'; choose one of: constant, linear"),
+    (["--weight-decay", "-1"], 2, "--weight-decay must be in [0, inf]"),
 ])
 def test_bad_input_one_line_no_run_folder(teacher_run, tmp_path, args, code, needle):
     out = tmp_path / "run"

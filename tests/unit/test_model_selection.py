@@ -80,3 +80,44 @@ def test_best_epoch_survives_a_resume(tmp_path):
                         use_teacher=False, validate=iter([0.2]).__next__, checkpoint=ckpt)
     assert out["val_scores"] == [0.9, 0.1, 0.2] and out["selected_epoch"] == 1
     assert all(torch.equal(resumed.state_dict()[k], states[0][k]) for k in states[0])
+
+
+def test_lr_factor_by_hand():
+    from compress.distill.train import lr_factor
+
+    assert [lr_factor("linear", s, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert [lr_factor("constant", s, 4) for s in range(4)] == [1.0] * 4
+    with pytest.raises(UsageError, match="unknown lr schedule 'cosine'; choose one of: constant, linear"):
+        StudentTrainConfig(lr_schedule="cosine")
+
+
+def test_linear_schedule_sets_each_steps_lr_and_resumes_identically(tmp_path):
+    """10 examples, batch 4: 3 steps per epoch, 6 in all; the lr seen at each step decays
+    1, 5/6, ..., 1/6 of the base, and a run resumed after epoch 1 ends with the same weights."""
+    examples = [{"input_ids": [1, 3 + i % 7, 4, 2], "label": i % 2, "teacher": None} for i in range(10)]
+    cfg = StudentTrainConfig(lr=0.06, epochs=2, batch_size=4, lr_schedule="linear")
+    model, seen = _student(), []
+    real_step = torch.optim.Adam.step
+
+    def spy(self, *a, **k):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **k)
+
+    torch.optim.Adam.step = spy
+    try:
+        train_student(model, examples, cfg, 0, use_teacher=False)
+    finally:
+        torch.optim.Adam.step = real_step
+    assert seen == pytest.approx([0.06 * (6 - s) / 6 for s in range(6)])
+
+    # epoch_end(2) runs before epoch 2's checkpoint is written: the file then holds epoch 1
+    import shutil
+
+    ckpt, after_one = tmp_path / "student.pt", tmp_path / "after_one.pt"
+    full = _student()
+    train_student(full, examples, cfg, 0, use_teacher=False, checkpoint=ckpt,
+                  epoch_end=lambda e: shutil.copyfile(ckpt, after_one) and {} if e == 2 else {})
+    resumed = _student()
+    train_student(resumed, examples, cfg, 0, use_teacher=False, checkpoint=after_one)
+    assert all(torch.equal(resumed.state_dict()[k], v) for k, v in full.state_dict().items())
+    assert all(torch.equal(full.state_dict()[k], v) for k, v in model.state_dict().items())
