@@ -1,0 +1,104 @@
+"""KD vs --no-kd for the logistic-regression student over several seeds, beside scikit-learn's
+LogisticRegression on the same tf-idf features (an independent optimum to check the student's
+training against). One JSON to artifacts/benchmarks/.
+
+The linear student's KD gain is small next to seed-to-seed variation, so one run per side cannot
+tell them apart; this runs both sides for each seed on the same transfer set (no augmentation:
+the originals with teacher logits, computed once and reused) and reports mean and spread.
+
+    python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --seeds 42,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from compress.distill.workflow import DistillConfig, run_distill  # noqa: E402
+from compress.finetune import load_task_data  # noqa: E402
+from compress.models import load_tokenizer  # noqa: E402
+from compress.runs import artifacts_root, environment, write_json  # noqa: E402
+
+
+def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> dict[str, float]:
+    """Dev accuracy of sklearn's LogisticRegression(C) on the student's own tf-idf features."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from students.logreg import LogRegConfig, LogRegStudent
+
+    _, data = load_task_data(cfg)
+    tok = load_tokenizer(cfg.teacher)
+    student = LogRegStudent(LogRegConfig(num_labels=2, special_ids=tuple(tok.all_special_ids)), len(tok))
+
+    def enc(texts):
+        return tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]
+
+    vec = TfidfVectorizer(analyzer=student.analyze, lowercase=False)
+    x_train = vec.fit_transform(enc(data["train"].texts))
+    x_dev = vec.transform(enc(data["eval"].texts))
+    return {str(c): float(LogisticRegression(C=c, max_iter=3000).fit(x_train, data["train"].labels)
+                          .score(x_dev, data["eval"].labels)) for c in cs}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    p.add_argument("--teacher", required=True, help="a fine-tuned SST-2 run folder")
+    p.add_argument("--task", default="sst2")
+    p.add_argument("--train-limit", type=int, default=20000)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--seeds", default="42,1,2")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    t_start = time.time()
+    runs, cache = [], None
+    for seed in seeds:
+        for mode in ("kd", "no-kd"):
+            cfg = DistillConfig(student="logreg", teacher=args.teacher, task=args.task,
+                                data_dir=args.data_dir, train_limit=args.train_limit,
+                                max_length=args.max_length, epochs=args.epochs, seed=seed,
+                                no_kd=mode == "no-kd", teacher_cache=cache,
+                                name=f"bench-logreg-{mode}-s{seed}")
+            run = run_distill(cfg)
+            if mode == "kd" and cache is None:
+                cache = str(run)
+            s = json.loads((run / "summary.json").read_text())
+            runs.append({"seed": seed, "mode": mode, "run": str(run), "score": s["student_eval"]["score"],
+                         "weight_decay": s["weight_decay"], "lr_schedule": s["lr_schedule"]})
+            teacher_score = s["teacher_eval"]["score"]
+    by_mode = {m: [r["score"] for r in runs if r["mode"] == m] for m in ("kd", "no-kd")}
+    stats = {m: {"mean": statistics.mean(v), "stdev": statistics.stdev(v) if len(v) > 1 else 0.0,
+                 "min": min(v), "max": max(v)} for m, v in by_mode.items()}
+    ref = sklearn_reference(DistillConfig(student="logreg", teacher=args.teacher, task=args.task,
+                                          data_dir=args.data_dir, train_limit=args.train_limit,
+                                          max_length=args.max_length), [0.5, 1.0, 2.0, 4.0])
+    report = {"task": args.task, "teacher": {"run": args.teacher, "score": teacher_score},
+              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
+              "stats": stats, "kd_mean_minus_no_kd_mean": stats["kd"]["mean"] - stats["no-kd"]["mean"],
+              "sklearn_logistic_regression_dev_accuracy_by_C": ref,
+              "wall_seconds": round(time.time() - t_start, 1), "env": environment(seeds[0])}
+    default = artifacts_root() / "benchmarks" / f"distill_logreg_seeds_{args.task}.json"
+    out = Path(args.out) if args.out else default
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, report)
+    for m, st in stats.items():
+        print(f"logreg {m:<6} mean {st['mean']:.4f}  sd {st['stdev']:.4f}  "
+              f"[{st['min']:.4f}, {st['max']:.4f}]")
+    print("sklearn LogisticRegression on the same features:", {c: round(v, 4) for c, v in ref.items()})
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
