@@ -8,30 +8,27 @@
 #
 # Resumable: if it is interrupted, run the same command again (same OUT); finished cells are kept.
 # Parameters via env vars:
-#   OUT=artifacts/sweep-small STEPS=50 PRETRAIN_STEPS=30 TRAIN_LIMIT=2000 JOBS=1 benchmarks/sweep_small.sh
+#   OUT=artifacts/sweep-small STEPS=300 PRETRAIN_STEPS=30 TRAIN_LIMIT=5000 JOBS=1 benchmarks/sweep_small.sh
 #
-# Time estimate (idle 2-core CPU, defaults): ~25-35 minutes. Basis, measured single-threaded here
-# (CPU seconds): MiniLM classification step, batch 16 x 64 tokens, 0.65-0.7 s; masked-LM step
-# (full-vocabulary head) 1.56 s; dev scoring 0.65 s per 128 sentences of 32 tokens. So a
-# pre-training cell is ~30 x 1.56 + ~20 s start/score/save = ~70 CPU s, and a fine-tuning cell
-# ~50 x 0.7 + ~15 s = ~50 CPU s. 27 cells come to ~1,500 CPU s, which is 15-20 min of wall time
-# with 2 threads, before process start-up and the report. Whole cells run on this machine while
-# 5+ other jobs shared the 2 cores took 2.8 CPU min each (9.5 min wall), so a busy machine is much
-# slower. Halve STEPS and PRETRAIN_STEPS to halve the training part.
+# Time: measured 2026-11-23 with these defaults and one thread (OMP_NUM_THREADS=1) while two other
+# jobs shared the 2 cores: 9 pre-training cells of 71-82 s and 18 fine-tuning cells of 230-370 s
+# (SST-2) and 370-500 s (RTE), about 2 hours in all. JOBS=2 on an idle machine runs two cells at a
+# time. 50 fine-tuning steps (STEPS=50, the first setting) took 34 minutes but are too few for the
+# pruned models to recover: SST-2 then fell from 20% sparsity for both criteria.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-artifacts/sweep-small}
 DATA=${DATA:-../shared/data}
-STEPS=${STEPS:-50}
+STEPS=${STEPS:-300}
 PRETRAIN_STEPS=${PRETRAIN_STEPS:-30}
-TRAIN_LIMIT=${TRAIN_LIMIT:-2000}
+TRAIN_LIMIT=${TRAIN_LIMIT:-5000}
 LR=${LR:-1e-4}
 JOBS=${JOBS:-1}
 COMPRESS=${COMPRESS:-.venv/bin/compress}
 
 echo "sweep_small: $OUT (steps=$STEPS pretrain_steps=$PRETRAIN_STEPS train_limit=$TRAIN_LIMIT jobs=$JOBS)"
-echo "estimate on an idle 2-core CPU with the defaults: 25-35 minutes (27 cells; see the header)"
+echo "about 2 hours on one shared thread with the defaults (27 cells; see the header)"
 start=$(date +%s)
 "$COMPRESS" sweep \
   --model minilm --data-dir "$DATA" \
