@@ -245,6 +245,13 @@ def test_cli_errors_are_one_line_and_leave_no_folder(tmp_path, fake_runner):
     assert res.returncode == 2 and "not a sweep folder" in res.stderr
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A job started in the background of a non-interactive shell (as CI may start the tests)
+    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C in a
+    terminal never meets that state, so the sweep under test starts with the default action."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_sweep_and_rerun_finishes_it(tmp_path, fake_runner):
     """SIGINT to the process group (what Ctrl-C in a terminal sends): exit 130, the state records
     the interrupted cell, and the same command completes the sweep."""
@@ -253,6 +260,7 @@ def test_ctrl_c_stops_the_sweep_and_rerun_finishes_it(tmp_path, fake_runner):
             "--out", str(sweep), "--runner", fake_runner]
     env = {**os.environ, "FAKE_SLOW": "ft-sst2-magnitude-s50", "FAKE_SLEEP": "120"}
     proc = subprocess.Popen([sys.executable, "-m", "compress", *args], env=env, start_new_session=True,
+                            preexec_fn=_sigint_as_in_a_terminal,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: (sweep / ".tmp-ft-sst2-magnitude-s50-lr5e-05" / "started").is_file())
