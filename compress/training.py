@@ -313,12 +313,14 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
     for h in hooks:
         h.on_train_begin(hooked, total)
 
-    step, running, resumed_from = 0, 0.0, None
+    # running sums of the loss and of the loss plug-in's extras over the current log window
+    step, running, running_extra, resumed_from = 0, 0.0, {}, None
     if resume and checkpoint_dir is not None:
         ckpt = latest_checkpoint(checkpoint_dir)
         if ckpt is not None:
             loop = load_checkpoint(ckpt, raw, optimizer, scheduler, hooks, extra_modules)
             step, running, resumed_from = loop["step"], loop["running"], loop["step"]
+            running_extra = dict(loop.get("running_extra", {}))
 
     model.train()
     for m in extra_modules:
@@ -357,20 +359,24 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 check_ranks_agree(hooks, step)
             last = float(loss.detach())
             running += last
+            for k, v in extra.items():
+                running_extra[k] = running_extra.get(k, 0.0) + float(v)
             bar.update(1)
             if step % cfg.log_every == 0:
                 mean = running / cfg.log_every
                 if world > 1:  # every rank reaches this step together, so the collective is safe
                     mean = float(accelerator.reduce(torch.tensor(mean, device=accelerator.device),
                                                     "mean"))
-                if log and main:
-                    log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0], **extra})
-                running = 0.0
+                if log and main:  # the extras as window means too, so that they add up to the loss
+                    log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0],
+                         **{k: v / cfg.log_every for k, v in running_extra.items()}})
+                running, running_extra = 0.0, {}
             if checkpoint_dir is not None and (
                     (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
                     or (checkpoint_last and step == total)):
                 save_checkpoint(checkpoint_dir, raw, optimizer, scheduler, hooks, step,
-                                loop={"running": running}, extra_modules=extra_modules)
+                                loop={"running": running, "running_extra": running_extra},
+                                extra_modules=extra_modules)
     bar.close()
     accelerator.wait_for_everyone()
     return {"steps": step, "final_loss": last, "resumed_from": resumed_from}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -227,7 +228,8 @@ def test_loss_plugin_trains_its_own_layer_logs_its_extras_and_hooks_see_the_sele
     assert not torch.equal(now["scale.weight"], init["scale.weight"])
     assert torch.equal(now["frozen.weight"], init["frozen.weight"])
     assert torch.equal(now["frozen.bias"], init["frozen.bias"])
-    assert [r["step"] for r in logs] == [2, 4, 6, 8] and [r["calls"] for r in logs] == [2.0, 4.0, 6.0, 8.0]
+    # extras are logged as means over the log window, like the loss: calls (1, 2) -> 1.5, ...
+    assert [r["step"] for r in logs] == [2, 4, 6, 8] and [r["calls"] for r in logs] == [1.5, 3.5, 5.5, 7.5]
     assert set(logs[0]) == {"step", "loss", "lr", "calls"}
     assert hook.seen == ["BertModel"] * 10  # on_train_begin + 9 steps, given model.bert
 
@@ -248,6 +250,20 @@ def test_loss_plugin_resume_restores_the_extra_module_and_equals_uninterrupted(t
     for a, b in ((model, ref_model), (obj, ref_obj)):
         p, q = _params(a), _params(b)
         assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+def test_resume_inside_a_log_window_logs_the_same_extra_means(tok, feats, tmp_path):
+    """A checkpoint at step 3 lies inside the log window 3-4: the partial sums of the loss and of the
+    extras travel with it, so the resumed run logs what the uninterrupted one logged."""
+    cfg = TrainConfig(**CFG, checkpoint_every=3)
+    torch.manual_seed(0)
+    _, _, _, ref_logs, _ = _plugged(tok, feats, cfg, tmp_path / "a")
+    shutil.rmtree(tmp_path / "a" / "step-00000006")
+    state = torch.load(tmp_path / "a" / "step-00000003" / "state.pt", weights_only=True)
+    assert state["loop"]["running_extra"] == {"calls": 3.0}  # step 3 of the window 3-4
+    out, _, _, logs, _ = _plugged(tok, feats, cfg, tmp_path / "a", resume=True, model=_model(seed=3))
+    assert out["resumed_from"] == 3
+    assert logs == [r for r in ref_logs if r["step"] > 3] and logs[0]["calls"] == 3.5
 
 
 def test_default_checkpoint_has_no_extra_module_entry_and_a_mismatch_is_one_line(tok, feats, tmp_path):
