@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-limit", type=int, default=None)
     p.add_argument("--teacher-train-limit", type=int, default=None)
     p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--teacher-epochs", type=float, default=1.0)
+    p.add_argument("--teacher-epochs", type=float, default=3.0)
+    p.add_argument("--teacher-lr", type=float, default=5e-5, help="the cross-encoder's learning rate")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-5)
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
         results["dual-encoder"] = {**s["eval"], "run": str(run), "train_pairs": s["train_pairs"]}
     if "mined" in systems:
         mcfg = ReQAMiningConfig(**common, teacher=args.teacher, teacher_epochs=args.teacher_epochs,
+                                teacher_lr=args.teacher_lr,
                                 teacher_train_limit=args.teacher_train_limit, name="bench-reqa-mined")
         run = run_reqa_mining_distill(mcfg)
         s = json.loads((run / "summary.json").read_text())

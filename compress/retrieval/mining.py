@@ -48,7 +48,8 @@ class ReQAMiningConfig(FinetuneConfig):
     task: str = "reqa"
     student: str = "dual-encoder"
     teacher: str = "minilm"
-    teacher_epochs: float = 1.0
+    teacher_epochs: float = 3.0
+    teacher_lr: float = 5e-5  # the cross-encoder's learning rate (as distill's --teacher-lr)
     teacher_train_limit: int | None = None  # training questions used for the cross-encoder
     mining_top_k: int = 10
     mining_threshold: float = 0.5
@@ -59,6 +60,7 @@ class ReQAMiningConfig(FinetuneConfig):
             raise UsageError(f"cross-attention mining works on --task reqa, got '{self.task}'")
         check_choice("student", self.student, STUDENTS)
         check_range("teacher_epochs", self.teacher_epochs, 0, lo_open=True)
+        check_range("teacher_lr", self.teacher_lr, 0, lo_open=True)
         check_range("mining_top_k", self.mining_top_k, 1)
         check_range("mining_threshold", self.mining_threshold, 0, 1)
         if self.teacher_train_limit is not None:
@@ -150,10 +152,10 @@ def _teacher(cfg: ReQAMiningConfig, ds: ReQADataset, bm25: np.ndarray):
         return model, tok, {"teacher": cfg.teacher, "teacher_trained_here": False}
     pairs, sources = cross_encoder_examples(ds, bm25, cfg.seed, cfg.teacher_train_limit)
     model, tok, _ = load_classifier(cfg.teacher, CROSS_LABELS)
-    tcfg = replace(cfg, epochs=cfg.teacher_epochs, max_steps=None)
+    tcfg = replace(cfg, epochs=cfg.teacher_epochs, max_steps=None, lr=cfg.teacher_lr)
     result = train(model, tok, encode(tok, pairs, cfg.max_length), tcfg)
     counts = {s: sources.count(s) for s in ("gold", "bm25", "same_document", "random")}
-    return model, tok, {"teacher": cfg.teacher, "teacher_trained_here": True,
+    return model, tok, {"teacher": cfg.teacher, "teacher_trained_here": True, "teacher_lr": tcfg.lr,
                         "teacher_pairs": counts, "teacher_steps": result["steps"]}
 
 
@@ -163,10 +165,12 @@ def run_reqa_mining_distill(cfg: ReQAMiningConfig, command: str = "distill") -> 
     train_ds = data["train"]
     bm25 = bm25_order(train_ds.questions, train_ds.sentences, k=max(10, cfg.mining_top_k))
     teacher, tok, info = _teacher(cfg, train_ds, bm25)
+    info["teacher_dev_accuracy"] = teacher_accuracy(teacher, tok, data["dev"], cfg)
+    print(f"reqa cross-encoder: pair accuracy {info['teacher_dev_accuracy']:.4f} on held-out questions "
+          f"(gold + one negative each, p >= {cfg.mining_threshold})", flush=True)
     mined = mine_pairs(teacher, tok, train_ds, bm25, cfg.mining_top_k, cfg.mining_threshold,
                        cfg.max_length, cfg.eval_batch_size)
     gold = gold_pairs(train_ds)
-    info["teacher_dev_accuracy"] = teacher_accuracy(teacher, tok, data["dev"], cfg)
     n_cand = sum(1 for i in range(len(train_ds)) for j in bm25[i][:cfg.mining_top_k]
                  if int(j) not in train_ds.gold[i])
     info.update({"mined_pairs": len(mined), "gold_pairs": len(gold), "mining_candidates": n_cand,

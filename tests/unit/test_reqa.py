@@ -128,3 +128,29 @@ def replace_cfg(cfg, **kw):
     from dataclasses import replace
 
     return replace(cfg, **kw)
+
+
+def test_cross_encoder_trains_with_its_own_lr_and_epochs(reqa, tiny_bert, monkeypatch):
+    from compress.retrieval import mining
+
+    seen = {}
+
+    def fake_train(model, tok, data, cfg):
+        seen.update(lr=cfg.lr, epochs=cfg.epochs, max_steps=cfg.max_steps)
+        return {"steps": 0}
+
+    monkeypatch.setattr(mining, "train", fake_train)
+    cfg = mining.ReQAMiningConfig(teacher=str(tiny_bert), lr=2e-5, teacher_lr=1e-4,
+                                  teacher_epochs=3, max_steps=5, max_length=32)
+    _, _, info = mining._teacher(cfg, reqa, bm25_order(reqa.questions, reqa.sentences))
+    # the teacher's own epochs and lr; the student's --max-steps does not cut it short
+    assert seen == {"lr": 1e-4, "epochs": 3, "max_steps": None}
+    assert info["teacher_lr"] == 1e-4
+
+
+def test_teacher_lr_must_be_positive():
+    from compress.errors import UsageError
+    from compress.retrieval.mining import ReQAMiningConfig
+
+    with pytest.raises(UsageError, match="--teacher-lr must be in"):
+        ReQAMiningConfig(teacher_lr=0.0)
