@@ -292,10 +292,17 @@ def pin_attention_heads(path: str | Path) -> int:
 
 
 def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_size: int = 0,
-                  model_type: str = "bert") -> dict[str, int]:
-    """onnxruntime's transformer optimizer; returns its fused-operator counts (Attention, ...)."""
+                  model_type: str = "bert", skip_layer_norm: bool = False) -> dict[str, int]:
+    """onnxruntime's transformer optimizer; returns its fused-operator counts (Attention, ...).
+
+    The residual Add + LayerNormalization pairs stay unfused unless ``skip_layer_norm``: the CPU
+    provider's SkipLayerNormalization kernel is about 3x slower than the pair (measured, see
+    ``compress.export.ort.CPU_DISABLED_OPTIMIZERS``). The CUDA provider fuses them itself when the
+    session starts.
+    """
     import logging
 
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     # Per-layer fusion warnings ("Input hidden size (288) is not same as ...") describe pruned
@@ -310,8 +317,11 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
         pin_attention_heads(work)
         src = work
     try:
+        options = FusionOptions(model_type)
+        options.enable_skip_layer_norm = skip_layer_norm
         opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
-                             hidden_size=hidden_size, opt_level=0, use_gpu=False)
+                             hidden_size=hidden_size, opt_level=0, use_gpu=False,
+                             optimization_options=options)
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)

@@ -100,6 +100,63 @@ def test_optimizer_fuses_attention_and_keeps_parity(tiny_bert, tmp_path):
     assert check_parity(loaded, tmp_path / "o.onnx")["max_abs_diff"]["logits"] <= FP32_ATOL
 
 
+def _op_types(path) -> set[str]:
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_optimizer_keeps_residual_layer_norm_unfused_unless_asked(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    fused = optimize_onnx(path, tmp_path / "o.onnx", 4, 32)
+    assert "SkipLayerNormalization" not in fused
+    assert "SkipLayerNormalization" not in _op_types(tmp_path / "o.onnx")
+    assert fused["LayerNormalization"] == 4  # two per layer
+    fused_skip = optimize_onnx(path, tmp_path / "s.onnx", 4, 32, skip_layer_norm=True)
+    assert fused_skip["SkipLayerNormalization"] == 4
+    for p in ("o.onnx", "s.onnx"):
+        assert check_parity(loaded, tmp_path / p)["max_abs_diff"]["logits"] <= FP32_ATOL
+
+
+def test_cpu_sessions_leave_skip_layer_norm_unfused(tiny_bert, tmp_path):
+    """The optimizer name in CPU_DISABLED_OPTIMIZERS is one onnxruntime knows: with it disabled the
+    graph the session runs keeps LayerNormalization; without, onnxruntime fuses it itself."""
+    import onnxruntime as ort
+
+    from compress.export.ort import CPU_DISABLED_OPTIMIZERS
+
+    loaded = load_torch_model(str(tiny_bert))
+    path = tmp_path / "o.onnx"
+    optimize_onnx(export_onnx(loaded, tmp_path / "m.onnx"), path, 4, 32)
+    ran = {}
+    for name, disabled in (("off", list(CPU_DISABLED_OPTIMIZERS)), ("on", None)):
+        opts = ort.SessionOptions()
+        opts.optimized_model_filepath = str(tmp_path / f"session-{name}.onnx")
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=disabled)
+        ran[name] = _op_types(tmp_path / f"session-{name}.onnx")
+    assert "SkipLayerNormalization" not in ran["off"] and "LayerNormalization" in ran["off"]
+    assert "SkipLayerNormalization" in ran["on"]
+
+
+def test_ort_model_disables_the_fusion_on_cpu(tiny_bert, tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    seen = []
+    real = ort.InferenceSession
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("disabled_optimizers"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    OrtModel(path, provider="cpu")
+    assert seen == [["SkipLayerNormFusion"]]
+
+
 def test_structured_pruned_bert_exports_with_fusion(tmp_path):
     from transformers import BertConfig, BertForSequenceClassification
 
