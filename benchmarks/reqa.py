@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--teacher-epochs", type=float, default=3.0)
     p.add_argument("--teacher-lr", type=float, default=5e-5, help="the cross-encoder's learning rate")
+    p.add_argument("--unlabeled-questions", type=int, default=0,
+                   help="mined system: this many training questions after --train-limit, gold hidden")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-5)
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
         results["dual-encoder"] = {**s["eval"], "run": str(run), "train_pairs": s["train_pairs"]}
     if "mined" in systems:
         mcfg = ReQAMiningConfig(**common, teacher=args.teacher, teacher_epochs=args.teacher_epochs,
-                                teacher_lr=args.teacher_lr,
+                                teacher_lr=args.teacher_lr, unlabeled_questions=args.unlabeled_questions,
                                 teacher_train_limit=args.teacher_train_limit, name="bench-reqa-mined")
         run = run_reqa_mining_distill(mcfg)
         s = json.loads((run / "summary.json").read_text())

@@ -41,6 +41,12 @@ HELPS = {
     "teacher_epochs": "epochs when fine-tuning the teacher first (--teacher minilm)",
     "teacher_cache": "an earlier distill run folder whose cached teacher logits to reuse",
     "out": "run folder to create", "resume": "continue an interrupted run in --out",
+    # --task reqa only
+    "teacher_train_limit": "train the cross-encoder on the first N training questions only",
+    "mining_top_k": "BM25 candidates per question that the cross-encoder scores",
+    "mining_threshold": "a candidate with p(relevant) >= this becomes a positive of weight p^2",
+    "unlabeled_questions": "N more training questions after --train-limit whose gold stays hidden: "
+                           "only mined pairs speak for them",
 }
 
 
@@ -56,7 +62,7 @@ REQA_ONLY = sorted(_fields(ReQAMiningConfig) - _fields(DistillConfig))
 def add_arguments(parser):
     add_config_args(parser, DistillConfig, HELPS)
     group = parser.add_argument_group("--task reqa --student dual-encoder (cross-attention mining)")
-    add_config_args(group, ReQAMiningConfig, only=REQA_ONLY)
+    add_config_args(group, ReQAMiningConfig, HELPS, only=REQA_ONLY)
 
 
 def run(args):

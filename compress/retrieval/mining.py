@@ -53,6 +53,9 @@ class ReQAMiningConfig(FinetuneConfig):
     teacher_train_limit: int | None = None  # training questions used for the cross-encoder
     mining_top_k: int = 10
     mining_threshold: float = 0.5
+    # training questions after the first --train-limit whose gold answers stay hidden: the
+    # cross-encoder labels their BM25 candidates too (0: mine the labeled questions only)
+    unlabeled_questions: int = 0
 
     def __post_init__(self):
         FinetuneConfig.__post_init__(self)
@@ -65,6 +68,10 @@ class ReQAMiningConfig(FinetuneConfig):
         check_range("mining_threshold", self.mining_threshold, 0, 1)
         if self.teacher_train_limit is not None:
             check_range("teacher_train_limit", self.teacher_train_limit, 1)
+        check_range("unlabeled_questions", self.unlabeled_questions, 0)
+        if self.unlabeled_questions and self.train_limit is None:
+            raise UsageError("--unlabeled-questions takes the questions after the first --train-limit; "
+                             "add --train-limit N")
 
 
 def _sentences_by_context(ds: ReQADataset) -> dict[int, list[int]]:
@@ -159,12 +166,24 @@ def _teacher(cfg: ReQAMiningConfig, ds: ReQADataset, bm25: np.ndarray):
                         "teacher_pairs": counts, "teacher_steps": result["steps"]}
 
 
+def hide_gold(ds: ReQADataset, n_labeled: int) -> ReQADataset:
+    """The same questions with the gold of every question from ``n_labeled`` on removed."""
+    gold = [g if i < n_labeled else () for i, g in enumerate(ds.gold)]
+    return ReQADataset(ds.qids, ds.questions, gold, ds.sentences, ds.sentence_context, ds.contexts)
+
+
 def run_reqa_mining_distill(cfg: ReQAMiningConfig, command: str = "distill") -> Path:
-    """Teacher cross-encoder -> mined pairs -> dual encoder on gold + mined; returns the run folder."""
-    data = load_reqa_data(cfg)
-    train_ds = data["train"]
+    """Teacher cross-encoder -> mined pairs -> dual encoder on gold + mined; returns the run folder.
+
+    With ``unlabeled_questions`` N the train split's first ``train_limit`` questions keep their gold
+    and the next N are unlabeled: only the cross-encoder's mined pairs speak for them.
+    """
+    pool = None if cfg.train_limit is None else cfg.train_limit + cfg.unlabeled_questions
+    data = load_reqa_data(replace(cfg, train_limit=pool))
+    n_labeled = min(len(data["train"]), cfg.train_limit or len(data["train"]))
+    train_ds = data["train"] = hide_gold(data["train"], n_labeled)
     bm25 = bm25_order(train_ds.questions, train_ds.sentences, k=max(10, cfg.mining_top_k))
-    teacher, tok, info = _teacher(cfg, train_ds, bm25)
+    teacher, tok, info = _teacher(cfg, train_ds.subset(n_labeled), bm25)
     info["teacher_dev_accuracy"] = teacher_accuracy(teacher, tok, data["dev"], cfg)
     print(f"reqa cross-encoder: pair accuracy {info['teacher_dev_accuracy']:.4f} on held-out questions "
           f"(gold + one negative each, p >= {cfg.mining_threshold})", flush=True)
@@ -174,7 +193,9 @@ def run_reqa_mining_distill(cfg: ReQAMiningConfig, command: str = "distill") -> 
     n_cand = sum(1 for i in range(len(train_ds)) for j in bm25[i][:cfg.mining_top_k]
                  if int(j) not in train_ds.gold[i])
     info.update({"mined_pairs": len(mined), "gold_pairs": len(gold), "mining_candidates": n_cand,
-                 "mined_weight_mean": float(np.mean([w for _, _, w in mined])) if mined else None})
+                 "mined_weight_mean": float(np.mean([w for _, _, w in mined])) if mined else None,
+                 "labeled_questions": n_labeled, "unlabeled_questions": len(train_ds) - n_labeled,
+                 "mined_pairs_unlabeled": sum(1 for i, _, _ in mined if i >= n_labeled)})
 
     def write_extra(folder: Path) -> None:
         if info["teacher_trained_here"]:
@@ -184,7 +205,8 @@ def run_reqa_mining_distill(cfg: ReQAMiningConfig, command: str = "distill") -> 
         with open(folder / "mined_pairs.jsonl", "w", encoding="utf-8") as fh:
             for i, j, w in mined:
                 fh.write(json.dumps({"qid": train_ds.qids[i], "question": train_ds.questions[i],
-                                     "sentence": train_ds.sentences[j], "weight": w}) + "\n")
+                                     "sentence": train_ds.sentences[j], "weight": w,
+                                     "labeled_question": i < n_labeled}) + "\n")
 
     return train_and_save_dual_encoder(cfg, data, gold + mined, command, cfg.name or "reqa-mined",
                                        extra_meta={"teacher": cfg.teacher, "mined_pairs": len(mined)},

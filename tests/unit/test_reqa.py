@@ -124,6 +124,38 @@ def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path):
     assert s2["mining"]["teacher_trained_here"] is False
 
 
+def test_unlabeled_questions_get_mined_pairs_only(tiny_bert, tmp_path):
+    import json
+
+    from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
+    from tests.conftest import write_tiny_squad
+
+    write_tiny_squad(tmp_path)
+    cfg = ReQAMiningConfig(model=str(tiny_bert), teacher=str(tiny_bert), data_dir=str(tmp_path),
+                           split_by_article="2/1", max_steps=1, batch_size=4, max_length=32,
+                           teacher_epochs=1, mining_threshold=0.0, train_limit=2, unlabeled_questions=2,
+                           out=str(tmp_path / "run"))
+    run = run_reqa_mining_distill(cfg)
+    s = json.loads((run / "summary.json").read_text())
+    m = s["mining"]
+    # 2 labeled questions: their gold (1 each) + 2 non-gold candidates each; 2 unlabeled questions:
+    # all 3 candidates each, their gold sentence included, since it is hidden
+    assert (m["labeled_questions"], m["unlabeled_questions"]) == (2, 2)
+    assert m["gold_pairs"] == 2 and m["teacher_pairs"]["gold"] == 2
+    assert m["mined_pairs"] == 2 * 2 + 2 * 3 and m["mined_pairs_unlabeled"] == 6
+    assert s["train_questions"] == 4 and s["train_pairs"] == 12
+    rows = [json.loads(x) for x in (run / "mined_pairs.jsonl").read_text().splitlines()]
+    assert sum(not r["labeled_question"] for r in rows) == 6
+
+
+def test_unlabeled_questions_need_a_train_limit():
+    from compress.errors import UsageError
+    from compress.retrieval.mining import ReQAMiningConfig
+
+    with pytest.raises(UsageError, match="add --train-limit"):
+        ReQAMiningConfig(unlabeled_questions=10)
+
+
 def replace_cfg(cfg, **kw):
     from dataclasses import replace
 
