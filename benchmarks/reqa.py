@@ -37,8 +37,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-limit", type=int, default=None)
     p.add_argument("--teacher-train-limit", type=int, default=None)
     p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--teacher-epochs", type=float, default=3.0)
-    p.add_argument("--teacher-lr", type=float, default=5e-5, help="the cross-encoder's learning rate")
+    p.add_argument("--teacher-epochs", type=float, default=ReQAMiningConfig.teacher_epochs)
+    p.add_argument("--teacher-lr", type=float, default=ReQAMiningConfig.teacher_lr,
+                   help="the cross-encoder's learning rate")
     p.add_argument("--unlabeled-questions", type=int, default=0,
                    help="mined system: this many training questions after --train-limit, gold hidden")
     p.add_argument("--max-length", type=int, default=128)

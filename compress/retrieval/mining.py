@@ -168,8 +168,7 @@ def _teacher(cfg: ReQAMiningConfig, ds: ReQADataset, bm25: np.ndarray):
 
 def hide_gold(ds: ReQADataset, n_labeled: int) -> ReQADataset:
     """The same questions with the gold of every question from ``n_labeled`` on removed."""
-    gold = [g if i < n_labeled else () for i, g in enumerate(ds.gold)]
-    return ReQADataset(ds.qids, ds.questions, gold, ds.sentences, ds.sentence_context, ds.contexts)
+    return replace(ds, gold=[g if i < n_labeled else () for i, g in enumerate(ds.gold)])
 
 
 def run_reqa_mining_distill(cfg: ReQAMiningConfig, command: str = "distill") -> Path:
