@@ -8,7 +8,8 @@ EXAMPLES = """examples:
   compress bench artifacts/finetune/RUN --provider cuda --iterations 50
 """
 HELPS = {"batch_sizes": "batch sizes to time (integers)", "seq_lens": "sequence lengths to time",
-         "warmup": "untimed calls before timing", "iterations": "timed calls per grid point",
+         "warmup": "untimed calls before timing", "iterations": "timed calls per grid point and round",
+         "rounds": "rounds in which every model is timed in turn (spreads machine drift evenly)",
          "runtimes": "torch and/or ort (for model folders; .onnx files always use ort)",
          "provider": "onnxruntime provider: auto, cpu, cuda or a full provider name",
          "threads": "intra-op threads for torch and onnxruntime (default: torch's)",

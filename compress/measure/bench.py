@@ -2,10 +2,12 @@
 
 Each model argument is a model/run/student folder (timed in PyTorch eager and, exported on the
 fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime only). Every
-(model, runtime) is timed on the same grid of batch sizes x sequence lengths after warm-up; the
-first model's first runtime is the baseline of the ratios. The machine's measured dense matmul
-peak is reported beside each model's achieved GFLOP/s (dense FLOPs of the PyTorch model / time;
-for int8 files the fp32 model's FLOPs, i.e. "equivalent" GFLOP/s).
+(model, runtime) is timed on the same grid of batch sizes x sequence lengths after warm-up, all
+of them in turn for ``rounds`` rounds (so drift of the machine's speed is shared); the first
+model's first runtime is the baseline of the ratios, given pooled and as the range over rounds.
+The machine's measured dense matmul peak is reported beside each model's achieved GFLOP/s (dense
+FLOPs of the PyTorch model / time; for int8 files the fp32 model's FLOPs, i.e. "equivalent"
+GFLOP/s).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class BenchOptions:
     seq_lens: tuple[int, ...] = (128,)
     warmup: int = 3
     iterations: int = 10
+    rounds: int = 3
     runtimes: tuple[str, ...] = RUNTIMES
     provider: str = "auto"
     threads: int | None = None
@@ -47,6 +50,7 @@ class BenchOptions:
             check_range("seq_lens", n, 1, 4096)
         check_range("warmup", self.warmup, 0)
         check_range("iterations", self.iterations, 1)
+        check_range("rounds", self.rounds, 1)
         check_range("matmul_n", self.matmul_n, 16, 16384)
         if self.threads is not None:
             check_range("threads", self.threads, 1)
@@ -100,7 +104,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from compress.export.onnx import check_parity, export_onnx, is_onnx_file, load_torch_model
     from compress.export.ort import OrtModel, resolve_provider
     from compress.measure.flops import count_flops
-    from compress.measure.latency import matmul_peak_gflops, measure_latency
+    from compress.measure.latency import matmul_peak_gflops, measure_interleaved
     from compress.measure.params import onnx_initializer_stats
     from compress.measure.report import cpu_vnni_flags, speed_verdict
     from compress.runs import RunDir, write_json
@@ -131,10 +135,10 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         run.write_config(to_dict(cfg))
         run.write_env(None)
         peak = matmul_peak_gflops(cfg.matmul_n, device=device)
-        rows: list[dict[str, Any]] = []
         models_info: list[dict[str, Any]] = []
+        # (label, runtime, callable, input names, vocab, FLOPs source): all loaded before any timing
+        targets: list[tuple[str, str, Any, tuple[str, ...], int, str | None]] = []
         for label, path in entries:
-            targets: list[tuple[str, Any, tuple[str, ...], int]] = []  # (runtime, callable, inputs, vocab)
             info: dict[str, Any] = {"label": label, "path": path}
             if is_onnx_file(path):
                 sess = OrtModel(path, provider=provider, threads=cfg.threads or threads)
@@ -147,43 +151,54 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                             verdict=speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
                                                   structured=structured, int8=int8, runtime=runtime_name,
                                                   vnni=vnni))
-                vocab = _onnx_vocab(path)
-                targets.append(("ort", sess, sess.input_names, vocab))
+                targets.append((label, "ort", sess, sess.input_names, _onnx_vocab(path), src))
             else:
                 loaded = load_torch_model(path, attn_implementation="sdpa")
                 model = loaded.model.to(device)
-                src = path
-                info.update(kind=loaded.kind, flops_source=src,
+                info.update(kind=loaded.kind, flops_source=path,
                             verdict=speed_verdict(
                                 unstructured_sparsity=_encoder_sparsity(model),
                                 structured=getattr(getattr(model, "config", None), "layer_heads", None)
                                 is not None, runtime="PyTorch eager " + device, vnni=vnni))
                 if "torch" in cfg.runtimes:
-                    targets.append(("torch", _torch_callable(loaded), loaded.input_names, loaded.vocab_size))
+                    targets.append((label, "torch", _torch_callable(loaded), loaded.input_names,
+                                    loaded.vocab_size, path))
                 if "ort" in cfg.runtimes:
                     eager = load_torch_model(path, attn_implementation="eager")
                     tmp = Path(tempfile.mkdtemp(prefix="compress-bench-"))
                     onnx_path = export_onnx(eager, tmp / "model.onnx")
                     info["parity"] = check_parity(eager, onnx_path, provider=provider)
                     sess = OrtModel(onnx_path, provider=provider, threads=cfg.threads or threads)
-                    targets.append(("ort", sess, sess.input_names, loaded.vocab_size))
+                    targets.append((label, "ort", sess, sess.input_names, loaded.vocab_size, path))
             models_info.append(info)
-            for runtime, fn, names, vocab in targets:
-                for length in cfg.seq_lens:
-                    fl = flops_of(src, length)
-                    for batch in cfg.batch_sizes:
-                        feeds = _inputs(names, vocab, batch, length)
-                        if runtime == "torch":
-                            feeds = {k: v.to(device) for k, v in feeds.items()}
-                        stats = measure_latency(lambda fn=fn, feeds=feeds: fn(**feeds), cfg.warmup,
-                                                cfg.iterations, device=device if runtime == "torch" else None)
-                        mean_s = stats["mean_ms"] / 1000.0
-                        row = {"model": label, "runtime": runtime, "batch": batch, "seq_len": length,
-                               **stats, "throughput": batch / mean_s,
-                               "flops_per_example": fl,
-                               "achieved_gflops": fl * batch / mean_s / 1e9 if fl else None}
-                        rows.append(row)
-                        run.log_metrics(row)
+        # Every grid point times all targets in round-robin rounds (measure_interleaved), so drift of
+        # the machine's speed during the run does not land on one model's side of a ratio.
+        cells: dict[tuple[int, int, int], dict[str, Any]] = {}
+        for length in cfg.seq_lens:
+            for batch in cfg.batch_sizes:
+                fns, devices = {}, {}
+                for i, (_, runtime, fn, names, vocab, _) in enumerate(targets):
+                    feeds = _inputs(names, vocab, batch, length)
+                    if runtime == "torch":
+                        feeds = {k: v.to(device) for k, v in feeds.items()}
+                        devices[str(i)] = device
+                    fns[str(i)] = lambda fn=fn, feeds=feeds: fn(**feeds)
+                timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices)
+                for i in range(len(targets)):
+                    cells[(i, length, batch)] = timed[str(i)]
+        rows: list[dict[str, Any]] = []
+        for i, (label, runtime, _, _, _, src) in enumerate(targets):
+            for length in cfg.seq_lens:
+                fl = flops_of(src, length)
+                for batch in cfg.batch_sizes:
+                    stats = cells[(i, length, batch)]
+                    mean_s = stats["mean_ms"] / 1000.0
+                    row = {"model": label, "runtime": runtime, "batch": batch, "seq_len": length,
+                           **stats, "throughput": batch / mean_s,
+                           "flops_per_example": fl,
+                           "achieved_gflops": fl * batch / mean_s / 1e9 if fl else None}
+                    rows.append(row)
+                    run.log_metrics(row)
         _add_ratios(rows)
         load = _load_average()
         result = {"provider": provider, "device": device, "threads": threads, "matmul_peak": peak,
@@ -265,14 +280,17 @@ def _torch_callable(loaded):
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Throughput ratio to the baseline (first model, first runtime) at the same batch x length."""
+    """Throughput ratio to the baseline (first model, first runtime) at the same batch x length:
+    ``vs_baseline`` of the pooled means, ``vs_baseline_by_round`` of each round's means."""
     if not rows:
         return
     first = (rows[0]["model"], rows[0]["runtime"])
-    base = {(r["batch"], r["seq_len"]): r["throughput"] for r in rows if (r["model"], r["runtime"]) == first}
+    base = {(r["batch"], r["seq_len"]): r for r in rows if (r["model"], r["runtime"]) == first}
     for r in rows:
         b = base.get((r["batch"], r["seq_len"]))
-        r["vs_baseline"] = r["throughput"] / b if b else None
+        r["vs_baseline"] = r["throughput"] / b["throughput"] if b else None
+        r["vs_baseline_by_round"] = ([bm / m for bm, m in zip(b["round_mean_ms"], r["round_mean_ms"])]
+                                     if b else None)
 
 
 def format_bench(result: dict[str, Any]) -> str:
@@ -280,15 +298,17 @@ def format_bench(result: dict[str, Any]) -> str:
     lines = [f"dense fp32 matmul peak: {peak['gflops']:.1f} GFLOP/s ({peak['n']}^3 on {peak['device']}, "
              f"{peak['threads']} threads); provider {result['provider']}; baseline = {result['baseline']}",
              f"{'model':<28} {'runtime':<7} {'batch':>5} {'len':>5} {'mean ms':>9} {'median':>9} "
-             f"{'p90':>9} {'ex/s':>9} {'x base':>7} {'GFLOP/s':>8} {'% peak':>7}"]
+             f"{'p90':>9} {'ex/s':>9} {'x base':>7} {'rounds':>11} {'GFLOP/s':>8} {'% peak':>7}"]
     for r in result["rows"]:
         g = r["achieved_gflops"]
         gtxt = f"{g:8.1f}" if g is not None else f"{'-':>8}"
         ptxt = f"{100 * g / peak['gflops']:6.1f}%" if g is not None else f"{'-':>7}"
         ratio = f"{r['vs_baseline']:6.2f}x" if r["vs_baseline"] is not None else f"{'-':>7}"
+        by_round = r.get("vs_baseline_by_round")
+        spread = f"{min(by_round):.2f}-{max(by_round):.2f}" if by_round else "-"
         lines.append(f"{r['model'][:28]:<28} {r['runtime']:<7} {r['batch']:>5} {r['seq_len']:>5} "
                      f"{r['mean_ms']:9.2f} {r['median_ms']:9.2f} {r['p90_ms']:9.2f} {r['throughput']:9.1f} "
-                     f"{ratio} {gtxt} {ptxt}")
+                     f"{ratio} {spread:>11} {gtxt} {ptxt}")
     load, cores = result.get("load_average_1min"), result.get("cpu_count")
     if load is not None and cores and load > cores:
         lines.append(f"warning: load average {load:.1f} > {cores} cores while timing: other processes "

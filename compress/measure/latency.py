@@ -43,21 +43,7 @@ def measure_latency(fn: Callable[[], Any], warmup: int = 3, iterations: int = 10
                     device: str | torch.device | None = None,
                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Call ``fn`` ``warmup`` times untimed, then ``iterations`` times timed; returns stats (ms)."""
-    check_range("warmup", warmup, 0)
-    check_range("iterations", iterations, 1)
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(iterations):
-        _sync(device)
-        t0 = clock()
-        fn()
-        _sync(device)
-        times.append(clock() - t0)
-    stats = latency_stats(times)
-    stats["warmup"] = warmup
-    return stats
+    return measure_interleaved({"fn": fn}, warmup, iterations, devices={"fn": device}, clock=clock)["fn"]
 
 
 def matmul_peak_gflops(n: int = 1024, repeats: int = 5, device: str = "cpu",
@@ -73,3 +59,44 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 5, device: str = "cpu",
     best_s = stats["min_ms"] / 1000.0
     return {"n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
             "threads": torch.get_num_threads(), "gflops": 2 * n**3 / best_s / 1e9}
+
+
+def measure_interleaved(fns: dict[str, Callable[[], Any]], warmup: int = 3, iterations: int = 10,
+                        rounds: int = 1, devices: dict[str, str | torch.device | None] | None = None,
+                        clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
+    """Time several callables in turn: each round calls every one ``iterations`` times, in order.
+
+    On a shared machine the speed drifts over minutes (other tenants, frequency); timing model A
+    fully and then model B puts that drift into the A/B ratio. Round-robin rounds spread it over
+    every callable alike. Each callable gets ``warmup`` untimed calls first. Returns, per name, the
+    stats of all ``rounds x iterations`` calls pooled, plus ``round_mean_ms`` (one mean per round)
+    from which per-round ratios are taken.
+    """
+    check_range("warmup", warmup, 0)
+    check_range("iterations", iterations, 1)
+    check_range("rounds", rounds, 1)
+    devices = devices or {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        _sync(devices.get(name))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    round_means: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            device = devices.get(name)
+            these = []
+            for _ in range(iterations):
+                _sync(device)
+                t0 = clock()
+                fn()
+                _sync(device)
+                these.append(clock() - t0)
+            times[name].extend(these)
+            round_means[name].append(1000.0 * statistics.fmean(these))
+    out = {}
+    for name in fns:
+        stats = latency_stats(times[name])
+        stats.update(warmup=warmup, rounds=rounds, round_mean_ms=round_means[name])
+        out[name] = stats
+    return out

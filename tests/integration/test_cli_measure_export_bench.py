@@ -75,14 +75,20 @@ def test_measure_onnx(exported):
 def test_bench_torch_vs_ort(tiny_bert, exported, tmp_path):
     out, _ = exported
     proc = run_cli("bench", f"base={tiny_bert}", f"int8={out}", "--batch-sizes", "1,2", "--seq-lens", "8",
-                   "--iterations", "2", "--warmup", "1", "--matmul-n", "128", "--out", str(tmp_path / "b"))
+                   "--iterations", "2", "--rounds", "2", "--warmup", "1", "--matmul-n", "128",
+                   "--out", str(tmp_path / "b"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "b" / "bench.json").read_text())
     runs = {(x["model"], x["runtime"], x["batch"]) for x in r["rows"]}
     assert runs == {(m, rt, b) for m, rt in (("base", "torch"), ("base", "ort"), ("int8", "ort"))
                     for b in (1, 2)}
     for row in r["rows"]:
-        assert row["iterations"] == 2 and row["mean_ms"] > 0 and row["p90_ms"] >= row["min_ms"]
+        assert row["iterations"] == 4 and row["mean_ms"] > 0 and row["p90_ms"] >= row["min_ms"]
+        assert row["rounds"] == 2 and len(row["round_mean_ms"]) == 2
+        base = next(x for x in r["rows"]
+                    if (x["model"], x["runtime"], x["batch"]) == ("base", "torch", row["batch"]))
+        assert row["vs_baseline_by_round"] == pytest.approx(
+            [b / m for b, m in zip(base["round_mean_ms"], row["round_mean_ms"])])
         assert row["throughput"] == pytest.approx(row["batch"] / (row["mean_ms"] / 1000))
         assert row["achieved_gflops"] > 0  # the int8 file's FLOPs come from its export report
     assert all(x["vs_baseline"] == pytest.approx(1.0) for x in r["rows"]

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from compress.errors import UsageError
-from compress.measure.latency import latency_stats, matmul_peak_gflops, measure_latency, percentile
+from compress.measure.latency import (
+    latency_stats,
+    matmul_peak_gflops,
+    measure_interleaved,
+    measure_latency,
+    percentile,
+)
 from compress.measure.params import count_params
 from compress.measure.report import cpu_vnni_flags, disk_sizes, speed_verdict
 
@@ -35,6 +41,29 @@ def test_measure_latency_with_a_fake_clock():
     assert s["min_ms"] == pytest.approx(10.0) and s["max_ms"] == pytest.approx(100.0)
     assert s["p90_ms"] == pytest.approx(float(np.percentile([10, 30, 20, 100], 90)))
     assert latency_stats([0.001])["p90_ms"] == pytest.approx(1.0)
+
+
+def test_measure_interleaved_takes_turns_and_pools_rounds():
+    calls = []
+    now = [0.0]
+    cost = {"a": 0.010, "b": 0.030}  # seconds per call; round 2 runs twice as slow (drift)
+
+    def make(name):
+        def fn():
+            calls.append(name)
+            now[0] += cost[name] * (2 if len(calls) > 2 + 4 else 1)
+        return fn
+
+    s = measure_interleaved({"a": make("a"), "b": make("b")}, warmup=1, iterations=2, rounds=2,
+                            clock=lambda: now[0])
+    # one warm-up each, then per round: a, a, b, b
+    assert calls == ["a", "b", "a", "a", "b", "b", "a", "a", "b", "b"]
+    assert s["a"]["round_mean_ms"] == pytest.approx([10.0, 20.0])
+    assert s["b"]["round_mean_ms"] == pytest.approx([30.0, 60.0])
+    assert s["a"]["iterations"] == 4 and s["a"]["rounds"] == 2
+    assert s["a"]["mean_ms"] == pytest.approx(15.0) and s["b"]["mean_ms"] == pytest.approx(45.0)
+    with pytest.raises(UsageError, match="--rounds"):
+        measure_interleaved({"a": make("a")}, rounds=0)
 
 
 def test_measure_latency_rejects_zero_iterations():
