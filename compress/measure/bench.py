@@ -106,7 +106,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from compress.measure.flops import count_flops
     from compress.measure.latency import matmul_peak_gflops, measure_interleaved
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import cpu_vnni_flags, speed_verdict
+    from compress.measure.report import cpu_vnni_flags, exported_kind, speed_verdict
     from compress.runs import RunDir, write_json
 
     provider = resolve_provider(cfg.provider)
@@ -149,8 +149,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 structured = _is_structured(src)
                 info.update(kind="onnx", flops_source=src, int8=int8,
                             verdict=speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
-                                                  structured=structured, int8=int8, runtime=runtime_name,
-                                                  vnni=vnni))
+                                                  structured=structured, int8=int8,
+                                                  distilled=exported_kind(path) == "student",
+                                                  runtime=runtime_name, vnni=vnni))
                 targets.append((label, "ort", sess, sess.input_names, _onnx_vocab(path), src))
             else:
                 loaded = load_torch_model(path, attn_implementation="sdpa")
@@ -159,7 +160,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                             verdict=speed_verdict(
                                 unstructured_sparsity=_encoder_sparsity(model),
                                 structured=getattr(getattr(model, "config", None), "layer_heads", None)
-                                is not None, runtime="PyTorch eager " + device, vnni=vnni))
+                                is not None, distilled=loaded.kind == "student",
+                                runtime="PyTorch eager " + device, vnni=vnni))
                 if "torch" in cfg.runtimes:
                     targets.append((label, "torch", _torch_callable(loaded), loaded.input_names,
                                     loaded.vocab_size, path))

@@ -63,14 +63,19 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 5, device: str = "cpu",
 
 def measure_interleaved(fns: dict[str, Callable[[], Any]], warmup: int = 3, iterations: int = 10,
                         rounds: int = 1, devices: dict[str, str | torch.device | None] | None = None,
-                        clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
+                        clock: Callable[[], float] = time.perf_counter, settle_s: float = 0.1
+                        ) -> dict[str, dict[str, Any]]:
     """Time several callables in turn: each round calls every one ``iterations`` times, in order.
 
     On a shared machine the speed drifts over minutes (other tenants, frequency); timing model A
     fully and then model B puts that drift into the A/B ratio. Round-robin rounds spread it over
-    every callable alike. Each callable gets ``warmup`` untimed calls first. Returns, per name, the
-    stats of all ``rounds x iterations`` calls pooled, plus ``round_mean_ms`` (one mean per round)
-    from which per-round ratios are taken.
+    every callable alike. Before each callable's turn the machine is left idle for ``settle_s``
+    (untimed): onnxruntime's worker threads keep spinning for tens of milliseconds after a run,
+    and without the pause they took the cores from the next model timed (PyTorch MiniLM at
+    batch 32 x 128: 584 ms per batch right after an onnxruntime session against 438 ms alone;
+    with 0.1 s of pause it times as alone). Each callable gets ``warmup`` untimed calls first.
+    Returns, per name, the stats of all ``rounds x iterations`` calls pooled, plus
+    ``round_mean_ms`` (one mean per round) from which per-round ratios are taken.
     """
     check_range("warmup", warmup, 0)
     check_range("iterations", iterations, 1)
@@ -85,6 +90,8 @@ def measure_interleaved(fns: dict[str, Callable[[], Any]], warmup: int = 3, iter
     for _ in range(rounds):
         for name, fn in fns.items():
             device = devices.get(name)
+            if len(fns) > 1 and settle_s > 0:
+                time.sleep(settle_s)
             these = []
             for _ in range(iterations):
                 _sync(device)

@@ -10,6 +10,7 @@ wider instructions and the gain is small or negative.
 
 from __future__ import annotations
 
+import json
 import zlib
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ def cpu_vnni_flags(cpuinfo: str | None = None) -> list[str]:
 
 
 def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = False, int8: bool = False,
-                  runtime: str = "onnxruntime CPU", vnni: list[str] | None = None) -> dict[str, Any]:
+                  distilled: bool = False, runtime: str = "onnxruntime CPU",
+                  vnni: list[str] | None = None) -> dict[str, Any]:
     """One verdict per model: does its compression turn into speed on ``runtime``?
 
     Returns ``{"faster": "yes" | "no" | "storage only" | "no compression", "reasons": [...]}``.
@@ -44,6 +46,10 @@ def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = Fals
         faster = "storage only"
         reasons.append(f"{unstructured_sparsity:.0%} unstructured zeros: dense kernels still multiply "
                        "them, so no speed-up; they only shrink the compressed file")
+    if distilled:
+        faster = "yes"
+        reasons.append("a distilled student in place of the transformer: a fraction of its FLOPs per "
+                       "example on any runtime")
     if structured:
         faster = "yes"
         reasons.append("whole heads / FFN neurons removed: smaller matrices, less work on any runtime")
@@ -61,6 +67,16 @@ def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = Fals
     if faster == "no compression":
         reasons.append("dense fp32 model: the baseline")
     return {"faster": faster, "runtime": runtime, "reasons": reasons}
+
+
+def exported_kind(onnx_path: str | Path) -> str | None:
+    """The model kind ("bert", "student", ...) that ``compress export`` wrote in the report beside
+    an ONNX file; None without a readable report."""
+    report = Path(onnx_path).with_suffix(".json")
+    try:
+        return json.loads(report.read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _gzip_size(path: Path, level: int = 6) -> int:

@@ -33,7 +33,7 @@ def _weights_location(spec: str, loaded_path: str | None) -> Path | None:
 def measure_onnx(path: Path, cfg: MeasureConfig) -> dict[str, Any]:
     """Parameters and sparsity of an ONNX file's initializers, its int8-ness and size."""
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import disk_sizes, speed_verdict
+    from compress.measure.report import disk_sizes, exported_kind, speed_verdict
 
     if not path.is_file():
         raise ModelError(f"ONNX file not found: {path}")
@@ -51,7 +51,7 @@ def measure_onnx(path: Path, cfg: MeasureConfig) -> dict[str, Any]:
         "matrices": stats["matrices"], "fused_ops": fused,
         "flops": None, "flops_note": "FLOPs are counted on the PyTorch model; measure the model folder",
         "verdict": speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"], int8=int8,
-                                 runtime=cfg.runtime),
+                                 distilled=exported_kind(path) == "student", runtime=cfg.runtime),
         "disk": disk_sizes(path),
     }
 
@@ -88,7 +88,8 @@ def run_measure(cfg: MeasureConfig) -> dict[str, Any]:
             result["structure"] = {"layer_heads": config.layer_heads,
                                    "layer_ffn": config.layer_intermediate}
     result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],
-                                      structured=structured, runtime=cfg.runtime)
+                                      structured=structured, distilled=loaded.kind == "student",
+                                      runtime=cfg.runtime)
     where = _weights_location(cfg.model, loaded.path)
     result["disk"] = disk_sizes(where) if where is not None else None
     return result

@@ -15,7 +15,7 @@ from compress.measure.latency import (
     percentile,
 )
 from compress.measure.params import count_params
-from compress.measure.report import cpu_vnni_flags, disk_sizes, speed_verdict
+from compress.measure.report import cpu_vnni_flags, disk_sizes, exported_kind, speed_verdict
 
 
 def test_percentile_matches_numpy():
@@ -43,21 +43,23 @@ def test_measure_latency_with_a_fake_clock():
     assert latency_stats([0.001])["p90_ms"] == pytest.approx(1.0)
 
 
-def test_measure_interleaved_takes_turns_and_pools_rounds():
+def test_measure_interleaved_takes_turns_and_pools_rounds(monkeypatch):
     calls = []
+    monkeypatch.setattr("compress.measure.latency.time.sleep", lambda s: calls.append(f"sleep {s}"))
     now = [0.0]
     cost = {"a": 0.010, "b": 0.030}  # seconds per call; round 2 runs twice as slow (drift)
 
     def make(name):
         def fn():
             calls.append(name)
-            now[0] += cost[name] * (2 if len(calls) > 2 + 4 else 1)
+            now[0] += cost[name] * (2 if len([c for c in calls if "sleep" not in c]) > 2 + 4 else 1)
         return fn
 
     s = measure_interleaved({"a": make("a"), "b": make("b")}, warmup=1, iterations=2, rounds=2,
                             clock=lambda: now[0])
-    # one warm-up each, then per round: a, a, b, b
-    assert calls == ["a", "b", "a", "a", "b", "b", "a", "a", "b", "b"]
+    # one warm-up each, then per round: a, a, b, b, each turn after an idle pause
+    turn = ["sleep 0.1", "a", "a", "sleep 0.1", "b", "b"]
+    assert calls == ["a", "b", *turn, *turn]
     assert s["a"]["round_mean_ms"] == pytest.approx([10.0, 20.0])
     assert s["b"]["round_mean_ms"] == pytest.approx([30.0, 60.0])
     assert s["a"]["iterations"] == 4 and s["a"]["rounds"] == 2
@@ -88,6 +90,16 @@ def test_speed_verdicts():
     assert speed_verdict(int8=True, vnni=["avx512_vnni"])["faster"] == "yes"
     assert speed_verdict(int8=True, vnni=[])["faster"] == "unlikely"
     assert speed_verdict(vnni=[])["faster"] == "no compression"
+    assert speed_verdict(distilled=True, vnni=[])["faster"] == "yes"
+
+
+def test_exported_kind_reads_the_export_report(tmp_path):
+    onnx_file = tmp_path / "m.onnx"
+    assert exported_kind(onnx_file) is None  # no report
+    (tmp_path / "m.json").write_text('{"kind": "student"}')
+    assert exported_kind(onnx_file) == "student"
+    (tmp_path / "m.json").write_text("not json")
+    assert exported_kind(onnx_file) is None
 
 
 def test_zeros_compress_on_disk(tmp_path):
