@@ -8,8 +8,10 @@ EXAMPLES = """examples:
   compress bench artifacts/finetune/RUN --provider cuda --iterations 50
 """
 HELPS = {"batch_sizes": "batch sizes to time (integers)", "seq_lens": "sequence lengths to time",
-         "warmup": "untimed calls before timing", "iterations": "timed calls per grid point and round",
+         "warmup": "untimed calls per model before the first round",
+         "iterations": "timed calls per grid point and round",
          "rounds": "rounds in which every model is timed in turn (spreads machine drift evenly)",
+         "settle_s": "idle seconds before each model's turn, which then starts with one untimed call",
          "runtimes": "torch and/or ort (for model folders; .onnx files always use ort)",
          "provider": "onnxruntime provider: auto, cpu, cuda or a full provider name",
          "threads": "intra-op threads for torch and onnxruntime (default: torch's)",

@@ -12,7 +12,6 @@ GFLOP/s).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ class BenchOptions:
     warmup: int = 3
     iterations: int = 10
     rounds: int = 3
+    settle_s: float = 0.1
     runtimes: tuple[str, ...] = RUNTIMES
     provider: str = "auto"
     threads: int | None = None
@@ -51,6 +51,7 @@ class BenchOptions:
         check_range("warmup", self.warmup, 0)
         check_range("iterations", self.iterations, 1)
         check_range("rounds", self.rounds, 1)
+        check_range("settle_s", self.settle_s, 0.0, 10.0)
         check_range("matmul_n", self.matmul_n, 16, 16384)
         if self.threads is not None:
             check_range("threads", self.threads, 1)
@@ -80,14 +81,13 @@ def _flops_source(path: str) -> str | None:
     """The PyTorch model an ONNX file was exported from (its ``compress export`` report), if that
     model can still be found from here; else None (no GFLOP/s for that file)."""
     from compress.errors import ModelError
+    from compress.measure.report import read_export_report
 
-    report = Path(path).with_suffix(".json")
-    if not report.is_file():
-        return None
+    report = read_export_report(path) or {}
     try:
-        src = json.loads(report.read_text(encoding="utf-8"))["config"]["model"]
+        src = report["config"]["model"]
         _validate_model_path(src)
-    except (KeyError, ValueError, ModelError):
+    except (KeyError, TypeError, ValueError, ModelError):
         return None
     return src
 
@@ -106,7 +106,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from compress.measure.flops import count_flops
     from compress.measure.latency import matmul_peak_gflops, measure_interleaved
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import cpu_vnni_flags, exported_kind, speed_verdict
+    from compress.measure.report import cpu_vnni_flags, exported_kind, is_structured_source, speed_verdict
     from compress.runs import RunDir, write_json
 
     provider = resolve_provider(cfg.provider)
@@ -146,7 +146,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 ops = stats["op_counts"]
                 int8 = "MatMulInteger" in ops or "QAttention" in ops
                 src = _flops_source(path)
-                structured = _is_structured(src)
+                structured = is_structured_source(src)
                 info.update(kind="onnx", flops_source=src, int8=int8,
                             verdict=speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
                                                   structured=structured, int8=int8,
@@ -185,7 +185,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                         feeds = {k: v.to(device) for k, v in feeds.items()}
                         devices[str(i)] = device
                     fns[str(i)] = lambda fn=fn, feeds=feeds: fn(**feeds)
-                timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices)
+                timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices,
+                                            settle_s=cfg.settle_s)
                 for i in range(len(targets)):
                     cells[(i, length, batch)] = timed[str(i)]
         rows: list[dict[str, Any]] = []
@@ -237,20 +238,6 @@ def _validate_model_path(path: str) -> None:
     resolve_model(path)
     if p.is_file():
         raise ModelError(f"{path} is a file, not a model; pass a model folder or an .onnx file")
-
-
-def _is_structured(src: str | None) -> bool:
-    """Whether the PyTorch source of an ONNX file is a structured-pruned BERT (per-layer sizes)."""
-    from compress.errors import ModelError
-    from compress.models import resolve_model
-
-    if src is None:
-        return False
-    try:
-        cfg = Path(resolve_model(src)) / "config.json"
-        return cfg.is_file() and "layer_heads" in json.loads(cfg.read_text(encoding="utf-8"))
-    except (ModelError, OSError, ValueError):
-        return False
 
 
 def _onnx_vocab(path: str) -> int:

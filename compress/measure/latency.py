@@ -65,7 +65,7 @@ def measure_interleaved(fns: dict[str, Callable[[], Any]], warmup: int = 3, iter
                         rounds: int = 1, devices: dict[str, str | torch.device | None] | None = None,
                         clock: Callable[[], float] = time.perf_counter, settle_s: float = 0.1
                         ) -> dict[str, dict[str, Any]]:
-    """Time several callables in turn: each round calls every one ``iterations`` times, in order.
+    """Time several callables in turn: each round calls every one ``iterations`` times.
 
     On a shared machine the speed drifts over minutes (other tenants, frequency); timing model A
     fully and then model B puts that drift into the A/B ratio. Round-robin rounds spread it over
@@ -73,13 +73,18 @@ def measure_interleaved(fns: dict[str, Callable[[], Any]], warmup: int = 3, iter
     (untimed): onnxruntime's worker threads keep spinning for tens of milliseconds after a run,
     and without the pause they took the cores from the next model timed (PyTorch MiniLM at
     batch 32 x 128: 584 ms per batch right after an onnxruntime session against 438 ms alone;
-    with 0.1 s of pause it times as alone). Each callable gets ``warmup`` untimed calls first.
-    Returns, per name, the stats of all ``rounds x iterations`` calls pooled, plus
-    ``round_mean_ms`` (one mean per round) from which per-round ratios are taken.
+    with 0.1 s of pause it times as alone). Each callable gets ``warmup`` untimed calls once,
+    before the first round; with several callables, each turn also starts with one untimed call
+    after the pause, so caches and thread pools left cold by the other models are not charged to
+    the first timed call. The order is reversed every other round (a b c, c b a, ...), so no
+    callable always follows the same one. Returns, per name, the stats of all
+    ``rounds x iterations`` calls pooled, plus ``round_mean_ms`` (one mean per round) from which
+    per-round ratios are taken.
     """
     check_range("warmup", warmup, 0)
     check_range("iterations", iterations, 1)
     check_range("rounds", rounds, 1)
+    check_range("settle_s", settle_s, 0.0)
     devices = devices or {}
     for name, fn in fns.items():
         for _ in range(warmup):
@@ -87,11 +92,15 @@ def measure_interleaved(fns: dict[str, Callable[[], Any]], warmup: int = 3, iter
         _sync(devices.get(name))
     times: dict[str, list[float]] = {name: [] for name in fns}
     round_means: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            device = devices.get(name)
-            if len(fns) > 1 and settle_s > 0:
-                time.sleep(settle_s)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            fn, device = fns[name], devices.get(name)
+            if len(fns) > 1:  # the turn follows another callable: settle, then one untimed call
+                if settle_s > 0:
+                    time.sleep(settle_s)
+                fn()
+                _sync(device)
             these = []
             for _ in range(iterations):
                 _sync(device)

@@ -37,7 +37,8 @@ def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = Fals
                   vnni: list[str] | None = None) -> dict[str, Any]:
     """One verdict per model: does its compression turn into speed on ``runtime``?
 
-    Returns ``{"faster": "yes" | "no" | "storage only" | "no compression", "reasons": [...]}``.
+    Returns ``{"faster": "yes" | "unlikely" | "storage only" | "no compression", "runtime": ...,
+    "reasons": [...]}``.
     """
     vnni = cpu_vnni_flags() if vnni is None else vnni
     reasons: list[str] = []
@@ -61,7 +62,7 @@ def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = Fals
                            "faster than fp32")
         elif on_cpu:
             reasons.append("dynamic int8 on a CPU without VNNI: little or no speed-up expected")
-            faster = "yes" if structured else "unlikely"
+            faster = "yes" if structured or distilled else "unlikely"
         else:
             reasons.append(f"dynamic int8 (MatMulInteger) on {runtime}: not a fast path there")
     if faster == "no compression":
@@ -69,14 +70,34 @@ def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = Fals
     return {"faster": faster, "runtime": runtime, "reasons": reasons}
 
 
-def exported_kind(onnx_path: str | Path) -> str | None:
-    """The model kind ("bert", "student", ...) that ``compress export`` wrote in the report beside
-    an ONNX file; None without a readable report."""
-    report = Path(onnx_path).with_suffix(".json")
+def read_export_report(onnx_path: str | Path) -> dict[str, Any] | None:
+    """The report ``compress export`` wrote beside an ONNX file (``model.json`` next to
+    ``model.onnx``); None when it is missing or not a JSON object."""
     try:
-        return json.loads(report.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError):
+        report = json.loads(Path(onnx_path).with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
+    return report if isinstance(report, dict) else None
+
+
+def exported_kind(onnx_path: str | Path) -> str | None:
+    """The model kind ("bert", "student", ...) recorded in an ONNX file's export report."""
+    return (read_export_report(onnx_path) or {}).get("kind")
+
+
+def is_structured_source(src: str | None) -> bool:
+    """Whether ``src`` (the PyTorch model an ONNX file came from) is a structured-pruned BERT,
+    i.e. its config records per-layer head counts."""
+    from compress.errors import ModelError
+    from compress.models import resolve_model
+
+    if src is None:
+        return False
+    try:
+        cfg = Path(resolve_model(src)) / "config.json"
+        return cfg.is_file() and "layer_heads" in json.loads(cfg.read_text(encoding="utf-8"))
+    except (ModelError, OSError, ValueError):
+        return False
 
 
 def _gzip_size(path: Path, level: int = 6) -> int:

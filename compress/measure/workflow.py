@@ -33,7 +33,7 @@ def _weights_location(spec: str, loaded_path: str | None) -> Path | None:
 def measure_onnx(path: Path, cfg: MeasureConfig) -> dict[str, Any]:
     """Parameters and sparsity of an ONNX file's initializers, its int8-ness and size."""
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import disk_sizes, exported_kind, speed_verdict
+    from compress.measure.report import disk_sizes, is_structured_source, read_export_report, speed_verdict
 
     if not path.is_file():
         raise ModelError(f"ONNX file not found: {path}")
@@ -44,6 +44,8 @@ def measure_onnx(path: Path, cfg: MeasureConfig) -> dict[str, Any]:
                          "pass a file written by 'compress export'") from None
     ops = stats["op_counts"]
     int8 = any(op in ops for op in ("MatMulInteger", "QAttention", "DynamicQuantizeLinear", "QLinearMatMul"))
+    export = read_export_report(path) or {}
+    source = export.get("config", {}).get("model") if isinstance(export.get("config"), dict) else None
     fused = {op: ops[op] for op in ("Attention", "QAttention", "SkipLayerNormalization",
                                     "EmbedLayerNormalization", "BiasGelu", "FastGelu") if op in ops}
     return {
@@ -51,7 +53,8 @@ def measure_onnx(path: Path, cfg: MeasureConfig) -> dict[str, Any]:
         "matrices": stats["matrices"], "fused_ops": fused,
         "flops": None, "flops_note": "FLOPs are counted on the PyTorch model; measure the model folder",
         "verdict": speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"], int8=int8,
-                                 distilled=exported_kind(path) == "student", runtime=cfg.runtime),
+                                 structured=is_structured_source(source),
+                                 distilled=export.get("kind") == "student", runtime=cfg.runtime),
         "disk": disk_sizes(path),
     }
 

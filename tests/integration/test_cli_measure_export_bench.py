@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from tests.conftest import run_cli
 
@@ -89,10 +90,16 @@ def test_bench_torch_vs_ort(tiny_bert, exported, tmp_path):
                     if (x["model"], x["runtime"], x["batch"]) == ("base", "torch", row["batch"]))
         assert row["vs_baseline_by_round"] == pytest.approx(
             [b / m for b, m in zip(base["round_mean_ms"], row["round_mean_ms"])])
+        # rounds hold equally many calls, so the pooled ratio lies between the per-round ones
+        lo, hi = min(row["vs_baseline_by_round"]), max(row["vs_baseline_by_round"])
+        assert lo * (1 - 1e-9) <= row["vs_baseline"] <= hi * (1 + 1e-9)
         assert row["throughput"] == pytest.approx(row["batch"] / (row["mean_ms"] / 1000))
         assert row["achieved_gflops"] > 0  # the int8 file's FLOPs come from its export report
-    assert all(x["vs_baseline"] == pytest.approx(1.0) for x in r["rows"]
-               if (x["model"], x["runtime"]) == ("base", "torch"))
+    assert all(x["vs_baseline"] == pytest.approx(1.0)
+               and x["vs_baseline_by_round"] == pytest.approx([1.0, 1.0])
+               for x in r["rows"] if (x["model"], x["runtime"]) == ("base", "torch"))
+    config = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())
+    assert config["settle_s"] == 0.1 and config["rounds"] == 2  # the timing method is recorded
     assert r["matmul_peak"]["gflops"] > 0
     assert "matmul peak" in proc.stdout and "x base" in proc.stdout
 
@@ -102,6 +109,8 @@ def test_bad_inputs(tiny_bert, tmp_path):
     assert "batch_sizes" in err and "1.5" in err
     err = _one_line_error(run_cli("bench", str(tiny_bert), "--provider", "tpu"), 2)
     assert "'tpu'" in err and "CPUExecutionProvider" in err
+    err = _one_line_error(run_cli("bench", str(tiny_bert), "--rounds", "0"), 2)
+    assert "--rounds" in err and "got 0" in err
     notes = tmp_path / "notes.txt"
     notes.write_text("not a model")
     err = _one_line_error(run_cli("export", str(notes), "--to", str(tmp_path / "n.onnx")), 1)

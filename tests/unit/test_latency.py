@@ -15,7 +15,14 @@ from compress.measure.latency import (
     percentile,
 )
 from compress.measure.params import count_params
-from compress.measure.report import cpu_vnni_flags, disk_sizes, exported_kind, speed_verdict
+from compress.measure.report import (
+    cpu_vnni_flags,
+    disk_sizes,
+    exported_kind,
+    is_structured_source,
+    read_export_report,
+    speed_verdict,
+)
 
 
 def test_percentile_matches_numpy():
@@ -45,27 +52,46 @@ def test_measure_latency_with_a_fake_clock():
 
 def test_measure_interleaved_takes_turns_and_pools_rounds(monkeypatch):
     calls = []
-    monkeypatch.setattr("compress.measure.latency.time.sleep", lambda s: calls.append(f"sleep {s}"))
     now = [0.0]
+
+    def sleep(s):  # the idle pause moves the clock: timing it would show in the means
+        calls.append(f"sleep {s}")
+        now[0] += s
+
+    monkeypatch.setattr("compress.measure.latency.time.sleep", sleep)
     cost = {"a": 0.010, "b": 0.030}  # seconds per call; round 2 runs twice as slow (drift)
 
     def make(name):
         def fn():
             calls.append(name)
-            now[0] += cost[name] * (2 if len([c for c in calls if "sleep" not in c]) > 2 + 4 else 1)
+            # warm-up a, b; round 1: 2 x (turn call + 2 timed); the calls after those 8 are slower
+            now[0] += cost[name] * (2 if len([c for c in calls if "sleep" not in c]) > 2 + 6 else 1)
         return fn
 
     s = measure_interleaved({"a": make("a"), "b": make("b")}, warmup=1, iterations=2, rounds=2,
                             clock=lambda: now[0])
-    # one warm-up each, then per round: a, a, b, b, each turn after an idle pause
-    turn = ["sleep 0.1", "a", "a", "sleep 0.1", "b", "b"]
-    assert calls == ["a", "b", *turn, *turn]
+    # one warm-up each; each turn: idle pause, one untimed call, two timed; order reversed in round 2
+    turn = {n: ["sleep 0.1", n, n, n] for n in "ab"}
+    assert calls == ["a", "b", *turn["a"], *turn["b"], *turn["b"], *turn["a"]]
     assert s["a"]["round_mean_ms"] == pytest.approx([10.0, 20.0])
     assert s["b"]["round_mean_ms"] == pytest.approx([30.0, 60.0])
     assert s["a"]["iterations"] == 4 and s["a"]["rounds"] == 2
     assert s["a"]["mean_ms"] == pytest.approx(15.0) and s["b"]["mean_ms"] == pytest.approx(45.0)
     with pytest.raises(UsageError, match="--rounds"):
         measure_interleaved({"a": make("a")}, rounds=0)
+    with pytest.raises(UsageError, match="--settle-s"):
+        measure_interleaved({"a": make("a")}, settle_s=-1.0)
+
+
+def test_measure_interleaved_alone_or_without_pause_never_sleeps(monkeypatch):
+    slept = []
+    monkeypatch.setattr("compress.measure.latency.time.sleep", slept.append)
+    calls = []
+    measure_interleaved({"a": lambda: calls.append("a")}, warmup=1, iterations=3, rounds=2)
+    assert slept == [] and calls == ["a"] * 7  # alone: no pause and no per-turn call
+    measure_interleaved({"a": lambda: None, "b": lambda: None}, warmup=0, iterations=1, rounds=3,
+                        settle_s=0.0)
+    assert slept == []
 
 
 def test_measure_latency_rejects_zero_iterations():
@@ -91,6 +117,8 @@ def test_speed_verdicts():
     assert speed_verdict(int8=True, vnni=[])["faster"] == "unlikely"
     assert speed_verdict(vnni=[])["faster"] == "no compression"
     assert speed_verdict(distilled=True, vnni=[])["faster"] == "yes"
+    assert speed_verdict(distilled=True, int8=True, vnni=[])["faster"] == "yes"  # still a student
+    assert speed_verdict(structured=True, int8=True, vnni=[])["faster"] == "yes"
 
 
 def test_exported_kind_reads_the_export_report(tmp_path):
@@ -100,6 +128,16 @@ def test_exported_kind_reads_the_export_report(tmp_path):
     assert exported_kind(onnx_file) == "student"
     (tmp_path / "m.json").write_text("not json")
     assert exported_kind(onnx_file) is None
+    (tmp_path / "m.json").write_text("[1, 2]")  # JSON, but not a report
+    assert read_export_report(onnx_file) is None and exported_kind(onnx_file) is None
+
+
+def test_structured_source_is_read_from_the_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "layer_heads": [4, 2]}')
+    assert is_structured_source(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    assert not is_structured_source(str(tmp_path))
+    assert not is_structured_source(None) and not is_structured_source(str(tmp_path / "gone"))
 
 
 def test_zeros_compress_on_disk(tmp_path):
