@@ -5,8 +5,12 @@ training against). One JSON to artifacts/benchmarks/.
 The linear student's KD gain is small next to seed-to-seed variation, so one run per side cannot
 tell them apart; this runs both sides for each seed on the same transfer set (no augmentation:
 the originals with teacher logits, computed once and reused) and reports mean and spread.
+``--augment N`` gives the KD runs N augmented copies per sentence (Tang et al. 2019; teacher labels
+only, so the --no-kd runs cannot use them); the copies depend on the seed, so the teacher then
+labels each seed's transfer set anew.
 
     python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --seeds 42,1,2
+    python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --augment 10
 """
 
 from __future__ import annotations
@@ -57,9 +61,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seeds", default="42,1,2")
+    p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
+    if (Path(args.data_dir) / "nltk_data").is_dir():  # the tagger data shipped with the data folder
+        os.environ.setdefault("NLTK_DATA", str(Path(args.data_dir) / "nltk_data"))
     seeds = [int(s) for s in args.seeds.split(",") if s]
     t_start = time.time()
     runs, cache = [], None
@@ -68,13 +75,16 @@ def main(argv=None) -> int:
             cfg = DistillConfig(student="logreg", teacher=args.teacher, task=args.task,
                                 data_dir=args.data_dir, train_limit=args.train_limit,
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
-                                no_kd=mode == "no-kd", teacher_cache=cache,
-                                name=f"bench-logreg-{mode}-s{seed}")
+                                no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
+                                teacher_cache=cache, name=f"bench-logreg-{mode}-s{seed}")
+            t0 = time.time()
             run = run_distill(cfg)
-            if mode == "kd" and cache is None:
-                cache = str(run)
+            if mode == "kd" and cache is None and not args.augment:
+                cache = str(run)  # the same originals for every seed: label them once
             s = json.loads((run / "summary.json").read_text())
             runs.append({"seed": seed, "mode": mode, "run": str(run), "score": s["student_eval"]["score"],
+                         "augmented_examples": s["augmented_examples"], "seconds": round(time.time() - t0, 1),
+                         "seconds_detail": s["seconds"],
                          "weight_decay": s["weight_decay"], "lr_schedule": s["lr_schedule"]})
             teacher_score = s["teacher_eval"]["score"]
     by_mode = {m: [r["score"] for r in runs if r["mode"] == m] for m in ("kd", "no-kd")}
