@@ -332,8 +332,13 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
     return {k: int(v) for k, v in stats.items() if v}
 
 
-def quantize_int8(src: str | Path, dst: str | Path) -> Path:
-    """Dynamic int8: int8 weights, activations quantized per batch at run time (MatMulInteger)."""
+def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -> Path:
+    """Dynamic int8: int8 weights, activations quantized per batch at run time (MatMulInteger).
+
+    ``per_channel`` gives every output column of a weight matrix its own scale instead of one per
+    matrix. It cost no time here (40%-structured MiniLM, batch 32 x 128: 277 ms either way) and
+    moved SST-2 dev accuracy by -0.46 points (dense MiniLM) and +0.69 (40% structured), both within
+    the noise of 872 sentences; per-tensor stays the default."""
     import logging
 
     import onnx
@@ -345,7 +350,7 @@ def quantize_int8(src: str | Path, dst: str | Path) -> Path:
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs a "consider pre-processing" hint on every call
     try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
@@ -376,6 +381,7 @@ class ExportConfig:
     to: str | None = None
     optimize: bool = False
     quantize: str | None = None
+    per_channel: bool = False
     atol: float = FP32_ATOL
     int8_atol: float = INT8_ATOL
     shapes: str = ",".join(f"{b}x{n}" for b, n in DEFAULT_SHAPES)
@@ -393,6 +399,8 @@ class ExportConfig:
             raise UsageError(f"--to {self.to}: the output file name must end in .onnx")
         if self.quantize is not None:
             check_choice("quantize", self.quantize, QUANTIZE_CHOICES)
+        elif self.per_channel:
+            raise UsageError("--per-channel applies to int8 weights; add --quantize int8")
         check_range("atol", self.atol, 0, lo_open=True)
         check_range("int8_atol", self.int8_atol, 0, lo_open=True)
         check_range("opset", self.opset, 14, 21)
@@ -481,7 +489,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
             final = tmp / "optimized.onnx"
         fp32_final = final
         if cfg.quantize == "int8":
-            q = quantize_int8(final, tmp / "int8.onnx")
+            q = quantize_int8(final, tmp / "int8.onnx", per_channel=cfg.per_channel)
             report["parity_int8"] = check_parity(loaded, q, shapes, cfg.int8_atol, provider, "int8")
             report["int8_tolerance_note"] = (f"int8 parity uses an absolute tolerance of {cfg.int8_atol:g} "
                                              "on logits (dynamic quantization rounds activations)")

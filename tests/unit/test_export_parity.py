@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -187,6 +188,24 @@ def test_int8_parity_with_looser_tolerance(tiny_bert, tmp_path):
     r = check_parity(loaded, q, atol=INT8_ATOL, label="int8")
     assert 0 < r["max_abs_diff"]["logits"] <= INT8_ATOL  # int8 is not bit-exact, but close
     assert q.stat().st_size < 0.5 * path.stat().st_size
+
+
+def test_int8_per_channel_scales(tiny_bert, tmp_path):
+    import onnx
+
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+
+    def scale_sizes(q):  # element counts of the weight scales of the quantized matrices
+        inits = {i.name: i for i in onnx.load(str(q)).graph.initializer}
+        return [int(np.prod(inits[n].dims)) for n in inits if n.endswith("_scale")]
+
+    per_tensor = quantize_int8(path, tmp_path / "t.onnx")
+    per_channel = quantize_int8(path, tmp_path / "c.onnx", per_channel=True)
+    assert set(scale_sizes(per_tensor)) == {1}
+    assert max(scale_sizes(per_channel)) == loaded.model.config.intermediate_size  # FFN up-projection
+    r = check_parity(loaded, per_channel, atol=INT8_ATOL, label="int8")
+    assert r["max_abs_diff"]["logits"] <= INT8_ATOL
 
 
 def test_sdpa_export_does_not_fuse_but_eager_does(tiny_bert, tmp_path):
