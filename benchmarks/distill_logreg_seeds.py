@@ -6,8 +6,9 @@ The linear student's KD gain is small next to seed-to-seed variation, so one run
 tell them apart; this runs both sides for each seed on the same transfer set (no augmentation:
 the originals with teacher logits, computed once and reused) and reports mean and spread.
 ``--augment N`` gives the KD runs N augmented copies per sentence (Tang et al. 2019; teacher labels
-only, so the --no-kd runs cannot use them); the copies depend on the seed, so the teacher then
-labels each seed's transfer set anew.
+only, so the --no-kd runs cannot use them). The copies come from the first seed (``data_seed``) in
+every run, so the teacher labels them once; the seeds vary the students' training. ``--val-fraction``
+keeps each student's best epoch on held-out training sentences (the same ones in every run).
 
     python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --seeds 42,1,2
     python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --augment 10
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seeds", default="42,1,2")
     p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
+    p.add_argument("--val-fraction", type=float, default=0.0, help="held-out share for epoch selection")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
@@ -76,13 +78,15 @@ def main(argv=None) -> int:
                                 data_dir=args.data_dir, train_limit=args.train_limit,
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
                                 no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
+                                data_seed=seeds[0], val_fraction=args.val_fraction,
                                 teacher_cache=cache, name=f"bench-logreg-{mode}-s{seed}")
             t0 = time.time()
             run = run_distill(cfg)
-            if mode == "kd" and cache is None and not args.augment:
-                cache = str(run)  # the same originals for every seed: label them once
+            if mode == "kd" and cache is None:
+                cache = str(run)  # the same transfer set for every seed: labelled once
             s = json.loads((run / "summary.json").read_text())
             runs.append({"seed": seed, "mode": mode, "run": str(run), "score": s["student_eval"]["score"],
+                         "model_selection": s["model_selection"],
                          "augmented_examples": s["augmented_examples"], "seconds": round(time.time() - t0, 1),
                          "seconds_detail": s["seconds"],
                          "weight_decay": s["weight_decay"], "lr_schedule": s["lr_schedule"]})

@@ -71,6 +71,7 @@ class DistillConfig:
     lr_schedule: str | None = None  # constant | linear; None: the student's default
     max_grad_norm: float = 5.0
     seed: int = 42
+    data_seed: int | None = None  # seeds the held-out split and the augmented copies; None: seed
     # teacher fine-tuning (when --teacher names a packaged encoder) and inference
     teacher_epochs: float = 3.0
     teacher_lr: float = 5e-5
@@ -173,7 +174,8 @@ def run_distill(cfg: DistillConfig) -> Path:
         require_nltk_data()
     spec, data = load_task_data(cfg)
     train_ds, eval_ds = data["train"], data["eval"]
-    train_ds, val_ds = hold_out(train_ds, cfg.val_fraction, cfg.seed)
+    data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
+    train_ds, val_ds = hold_out(train_ds, cfg.val_fraction, data_seed)
     labels, multilabel = train_ds.label_names, train_ds.multilabel
     kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else (1.0 if multilabel else 4.0)
     options.setdefault("num_labels", len(labels))
@@ -194,7 +196,7 @@ def run_distill(cfg: DistillConfig) -> Path:
                                    max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
                                    multilabel=multilabel)
-    aug_cfg = AugmentConfig(copies=cfg.augment, seed=cfg.seed,
+    aug_cfg = AugmentConfig(copies=cfg.augment, seed=data_seed,
                             mask_token=tokenizer.mask_token or "[MASK]")
     device = _device()
     mode = "no-kd" if cfg.no_kd else "kd"

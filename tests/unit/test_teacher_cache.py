@@ -94,6 +94,16 @@ def test_distill_reuses_teacher_logits_across_runs(tiny_teacher, tmp_path, monke
     # the same student and seed on the same cached targets train to the same result
     s1 = json.loads((first / "summary.json").read_text())["student_eval"]
     assert summary["student_eval"]["accuracy"] == s1["accuracy"]
+    # another student seed with the first run's data seed: same transfer set, teacher not run
+    third = workflow.run_distill(workflow.DistillConfig(**base, out=str(tmp_path / "c"), seed=7, data_seed=42,
+                                                        teacher_cache=str(first)))
+    assert calls["n"] == 2
+    assert read_cache(third / "teacher_logits" / "transfer.safetensors")[0] == a[0]
+    # without it, seed 7 augments differently, so the first run's cache does not match
+    with pytest.raises(UsageError, match="key mismatch"):
+        workflow.run_distill(workflow.DistillConfig(**base, out=str(tmp_path / "d"), seed=7,
+                                                    teacher_cache=str(first)))
+    assert not (tmp_path / "d").exists()
 
 
 def test_interrupted_run_resumes_without_rerunning_the_teacher(tiny_teacher, tmp_path, monkeypatch):
