@@ -5,6 +5,7 @@ fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime onl
 (model, runtime) is timed on the same grid of batch sizes x sequence lengths after warm-up, all
 of them in turn for ``rounds`` rounds (so drift of the machine's speed is shared); the first
 model's first runtime is the baseline of the ratios, given pooled and as the range over rounds.
+All models and sessions are loaded before timing starts, so memory holds every one of them at once.
 The machine's measured dense matmul peak is reported beside each model's achieved GFLOP/s (dense
 FLOPs of the PyTorch model / time; for int8 files the fp32 model's FLOPs, i.e. "equivalent"
 GFLOP/s).
