@@ -1,8 +1,9 @@
 """Logistic-regression student on tf-idf features computed inside the module.
 
 Design: the vocabulary and idf weights come from scikit-learn's ``TfidfVectorizer`` fitted on the
-training token-id sequences (its analyzer maps a sequence to feature indices: WordPiece unigram ids
-``0..V-1`` and, optionally, hashed bigrams ``V + (a * P + b) mod B``). The idf vector is stored as a
+token-id sequences of the transfer set, augmented copies included (its analyzer maps a sequence to
+feature indices: WordPiece unigram ids ``0..V-1`` and, optionally, hashed bigrams
+``V + (a * P + b) mod B``). The idf vector is stored as a
 buffer (zero for features never seen in training, which is what sklearn does with unknown terms), and
 the forward pass recomputes the vectorizer in the graph: raw counts by scatter-add of the ids masked
 by ``attention_mask`` -> times idf -> l2-normalised -> one linear layer. So the module has the same

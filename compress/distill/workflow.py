@@ -268,7 +268,9 @@ def run_distill(cfg: DistillConfig) -> Path:
         scfg = student_config(cfg.student, options)
         torch.manual_seed(cfg.seed)
         student = build_student(cfg.student, scfg, vocab_size)
-        student.prepare([e["input_ids"] for e in examples[:len(train_ds)]])
+        # Fitted on the whole transfer set: augmented copies are unlabelled text the student
+        # trains on, so their n-grams get idf weights too (under --no-kd: the originals only).
+        student.prepare([e["input_ids"] for e in examples])
         if emb is not None:
             student.init_embeddings(emb)
         pad_id = tokenizer.pad_token_id or 0

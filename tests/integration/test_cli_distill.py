@@ -69,6 +69,22 @@ def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
     assert acc == pytest.approx(s["student_eval"]["accuracy"])
 
 
+def test_logreg_idf_is_fitted_on_the_augmented_transfer_set(teacher_run, tmp_path):
+    """n-grams that occur only in augmented copies get an idf weight (else the student could never
+    learn from them); the same originals under --no-kd give the smaller, originals-only vocabulary."""
+    skip_without_tagger_data()
+    idf = {}
+    for name, extra in (("kd", ["--augment", "2"]), ("no-kd", ["--no-kd"])):
+        out = tmp_path / name
+        r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",
+                    "--max-length", "32", "--out", str(out), *extra)
+        assert r.returncode == 0, r.stderr
+        idf[name] = load_file(out / "student" / "model.safetensors")["idf"]
+    seen_kd, seen_plain = idf["kd"] > 0, idf["no-kd"] > 0
+    assert bool((seen_plain & ~seen_kd).any()) is False  # every original n-gram is still a feature
+    assert int((seen_kd & ~seen_plain).sum()) > 0  # and augmentation added new ones
+
+
 def test_val_fraction_holds_out_and_keeps_the_best_epoch(teacher_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "logreg", "--no-kd", "--teacher", str(teacher_run),
