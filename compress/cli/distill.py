@@ -35,6 +35,8 @@ HELPS = {
     "temperature": "softmax/sigmoid temperature T of the distillation term (> 0)",
     "kd_lambda": "weight of the distillation term: L = L_task + lambda L_KD "
                  "(default 4 single-label, 1 multi-label)",
+    "kd_loss": "distillation term: kl (KL of T-softened outputs; per-label Bernoulli KL for "
+               "multi-label) or mse (squared error of raw logits, Tang et al. 2019)",
     "no_kd": "train the same student on gold labels only (the baseline)",
     "lr": "student Adam learning rate (default: per student, 1e-3 bilstm/kimcnn, 3e-2 logreg)",
     "weight_decay": "Adam L2 penalty of the student (default: per student, 0 bilstm/kimcnn, 5e-5 logreg)",

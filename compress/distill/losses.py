@@ -8,6 +8,10 @@ L = L_task + lambda * L_distill (Adhikari et al. 2020; Hinton et al. 2015):
 - multi-label: L_task = binary cross-entropy per label; L_distill = T^2 * mean over examples and labels
   of the Bernoulli KL(q_t || q_s) with q = sigmoid(logits / T).
 
+``kd_loss="mse"`` replaces either KL by the mean squared difference of the raw logits, averaged
+over examples and labels (Tang et al. 2019, who distil BERT into a BiLSTM this way); it has no
+temperature.
+
 Examples without a gold label (augmented ones) have ``label_mask`` 0: they add to L_distill only.
 """
 
@@ -40,6 +44,12 @@ def kl_bernoulli(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     return kl.mean() * t * t
 
 
+def logit_mse(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+              temperature: float = 1.0) -> torch.Tensor:
+    """mean over examples and labels of (s - t)^2 on raw logits; ``temperature`` is not used."""
+    return (student_logits - teacher_logits).pow(2).mean()
+
+
 def task_loss(student_logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
               multilabel: bool) -> torch.Tensor:
     """Cross-entropy (labels: int (batch,)) or BCE (labels: multi-hot (batch, labels)) averaged
@@ -56,21 +66,26 @@ def task_loss(student_logits: torch.Tensor, labels: torch.Tensor, label_mask: to
 KD_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
     "kl": kl_single_label,
     "bernoulli_kl": kl_bernoulli,
+    "mse": logit_mse,
 }
+KD_LOSS_CHOICES = ("kl", "mse")  # what a user picks; "kl" is Bernoulli KL for multi-label tasks
 
 
-def kd_loss_name(multilabel: bool) -> str:
+def kd_loss_name(multilabel: bool, kind: str = "kl") -> str:
+    """The KD_LOSSES entry for a task family and a user's choice (kl or mse)."""
+    if kind == "mse":
+        return "mse"
     return "bernoulli_kl" if multilabel else "kl"
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None,
                       labels: torch.Tensor, label_mask: torch.Tensor, multilabel: bool,
-                      temperature: float, kd_lambda: float) -> dict[str, torch.Tensor]:
+                      temperature: float, kd_lambda: float, kind: str = "kl") -> dict[str, torch.Tensor]:
     """{"loss", "task", "distill"}: loss = task + kd_lambda * distill. With ``teacher_logits`` None
     (the --no-kd baseline) distill is 0."""
     task = task_loss(student_logits, labels, label_mask, multilabel)
     if teacher_logits is None or kd_lambda == 0:
         distill = student_logits.sum() * 0.0
     else:
-        distill = KD_LOSSES[kd_loss_name(multilabel)](student_logits, teacher_logits, temperature)
+        distill = KD_LOSSES[kd_loss_name(multilabel, kind)](student_logits, teacher_logits, temperature)
     return {"loss": task + kd_lambda * distill, "task": task, "distill": distill}

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from compress.config import check_choice, check_range
-from compress.distill.losses import distillation_loss
+from compress.distill.losses import KD_LOSS_CHOICES, distillation_loss
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -39,6 +39,7 @@ class StudentTrainConfig:
     seed: int = 42
     temperature: float = 1.0
     kd_lambda: float = 4.0
+    kd_loss: str = "kl"  # or "mse" on logits
     multilabel: bool = False
     lr_schedule: str = "constant"  # or "linear": decay to 0 over all steps
 
@@ -48,6 +49,7 @@ class StudentTrainConfig:
         check_range("batch_size", self.batch_size, 1)
         check_range("temperature", self.temperature, 0, None, lo_open=True)
         check_range("kd_lambda", self.kd_lambda, 0)
+        check_choice("kd_loss", self.kd_loss, KD_LOSS_CHOICES)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
 
@@ -147,7 +149,7 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
             logits = model(b["input_ids"], b["attention_mask"])
             losses = distillation_loss(logits, b.get("teacher") if use_teacher else None, b["labels"],
                                        b["label_mask"], cfg.multilabel, cfg.temperature,
-                                       cfg.kd_lambda if use_teacher else 0.0)
+                                       cfg.kd_lambda if use_teacher else 0.0, cfg.kd_loss)
             for o in opts:
                 o.zero_grad(set_to_none=True)
             losses["loss"].backward()

@@ -17,7 +17,7 @@ import torch
 from compress.config import check_choice, check_range, to_dict
 from compress.distill.augment import AugmentConfig, augment_texts, require_nltk_data
 from compress.distill.embeddings import check_embedding_spec, initial_embeddings
-from compress.distill.losses import kd_loss_name
+from compress.distill.losses import KD_LOSS_CHOICES, kd_loss_name
 from compress.distill.report import bert_flops_formula, format_table, measure_flops
 from compress.distill.teacher import (
     CACHE_DIR,
@@ -62,6 +62,7 @@ class DistillConfig:
     # loss
     temperature: float = 1.0
     kd_lambda: float | None = None  # None: 4 single-label, 1 multi-label (Adhikari et al. 2020)
+    kd_loss: str = "kl"  # kl (Bernoulli KL for multi-label) or mse on logits (Tang et al. 2019)
     no_kd: bool = False
     # student training
     lr: float | None = None  # None: the student's default_lr in the registry
@@ -88,6 +89,10 @@ class DistillConfig:
         check_range("temperature", self.temperature, 0, None, lo_open=True)
         if self.kd_lambda is not None:
             check_range("kd_lambda", self.kd_lambda, 0)
+        check_choice("kd_loss", self.kd_loss, KD_LOSS_CHOICES)
+        if self.kd_loss == "mse" and self.temperature != 1.0:
+            raise UsageError(f"--temperature {self.temperature} has no effect with --kd-loss mse (it "
+                             "compares raw logits); drop --temperature or use --kd-loss kl")
         check_range("augment", self.augment, 0)
         check_range("val_fraction", self.val_fraction, 0, 0.5, hi_open=True)
         check_range("max_length", self.max_length, 8, 512)
@@ -195,7 +200,7 @@ def run_distill(cfg: DistillConfig) -> Path:
                                    weight_decay=weight_decay, lr_schedule=lr_schedule,
                                    max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
-                                   multilabel=multilabel)
+                                   kd_loss=cfg.kd_loss, multilabel=multilabel)
     aug_cfg = AugmentConfig(copies=cfg.augment, seed=data_seed,
                             mask_token=tokenizer.mask_token or "[MASK]")
     device = _device()
@@ -321,7 +326,7 @@ def run_distill(cfg: DistillConfig) -> Path:
         summary = {
             "command": "distill", "task": spec.name, "metric": spec.metric, "student": cfg.student,
             "mode": mode, "teacher": teacher_spec, "teacher_finetuned_here": finetune_first,
-            "kd_loss": None if cfg.no_kd else kd_loss_name(multilabel), "kd_lambda": kd_lambda,
+            "kd_loss": None if cfg.no_kd else kd_loss_name(multilabel, cfg.kd_loss), "kd_lambda": kd_lambda,
             "temperature": cfg.temperature, "lr": lr, "weight_decay": weight_decay,
             "lr_schedule": lr_schedule, "student_config": to_dict(scfg),
             "embeddings": emb_info,

@@ -24,7 +24,7 @@ def teacher_run(tiny_bert, tmp_path_factory):
 
 @pytest.mark.parametrize("student, extra", [
     ("bilstm", ["--student-options", "hidden_size=8,mlp_hidden=8", "--augment", "1"]),
-    ("kimcnn", ["--student-options", "num_filters=4", "--student-embeddings", "random"]),
+    ("kimcnn", ["--student-options", "num_filters=4", "--student-embeddings", "random", "--kd-loss", "mse"]),
     ("logreg", ["--no-kd"]),
 ])
 def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
@@ -42,6 +42,7 @@ def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
     assert s["student"] == student and s["eval_examples"] == 64 and s["train_examples"] == 256
     assert s["mode"] == ("no-kd" if "--no-kd" in extra else "kd")
     assert s["kd_lambda"] == 4.0 and s["metric"] == "accuracy"
+    assert s["kd_loss"] == {"bilstm": "kl", "kimcnn": "mse", "logreg": None}[student]
     # per-student defaults from the registry: only the linear model is L2-penalised and decayed
     expected = (5e-5, "linear") if student == "logreg" else (0.0, "constant")
     assert (s["weight_decay"], s["lr_schedule"]) == expected
@@ -130,6 +131,8 @@ def other_labels(tmp_path_factory):
     (["--temperature", "0"], 2, "--temperature must be in (0, inf]"),
     (["--temperature", "-1"], 2, "--temperature"),
     (["--kd-lambda", "-0.5"], 2, "--kd-lambda must be in [0, inf]"),
+    (["--kd-loss", "l2"], 2, "unknown kd loss 'l2'; choose one of: kl, mse"),
+    (["--kd-loss", "mse", "--temperature", "2"], 2, "no effect with --kd-loss mse"),
     (["--augment", "2", "--no-kd"], 2, "cannot be combined with --no-kd"),
     (["--student-options", "hidden=3"], 2, "unknown option 'hidden'"),
     (["--student-embeddings", "/no/such/vectors.txt"], 2, "--student-embeddings"),

@@ -14,6 +14,7 @@ from compress.distill.losses import (
     kd_loss_name,
     kl_bernoulli,
     kl_single_label,
+    logit_mse,
     task_loss,
 )
 
@@ -110,3 +111,20 @@ def test_total_loss_is_task_plus_lambda_distill():
 def test_registry_picks_loss_by_family():
     assert KD_LOSSES[kd_loss_name(False)] is kl_single_label
     assert KD_LOSSES[kd_loss_name(True)] is kl_bernoulli
+    assert KD_LOSSES[kd_loss_name(False, "mse")] is logit_mse
+    assert KD_LOSSES[kd_loss_name(True, "mse")] is logit_mse
+
+
+def test_logit_mse_hand_computed_and_in_the_total():
+    s = torch.tensor([[1.0, -1.0], [0.5, 2.0]])
+    te = torch.tensor([[3.0, 0.0], [0.5, -1.0]])
+    # squared differences 4, 1, 0, 9 -> mean over examples and labels 14 / 4
+    assert logit_mse(s, te).item() == pytest.approx(3.5)
+    y = torch.tensor([0, 1])
+    out = distillation_loss(s, te, y, torch.tensor([True, True]), False, 1.0, 2.0, kind="mse")
+    ce = (F.cross_entropy(s, y)).item()
+    assert out["distill"].item() == pytest.approx(3.5)
+    assert out["loss"].item() == pytest.approx(ce + 2.0 * 3.5, rel=1e-6)
+    # multi-label: the same squared error of the logits, not of the sigmoids
+    out = distillation_loss(s, te, torch.zeros(2, 2), torch.tensor([True, True]), True, 1.0, 1.0, kind="mse")
+    assert out["distill"].item() == pytest.approx(3.5)
