@@ -12,6 +12,8 @@ keeps each student's best epoch on held-out training sentences (the same ones in
 
     python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --seeds 42,1,2
     python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --augment 10
+    python benchmarks/distill_logreg_seeds.py --teacher ... --augment 10 --kd-loss mse \
+        --teacher-cache artifacts/distill/<a KD run of the first seed with the same --augment>
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="42,1,2")
     p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
     p.add_argument("--val-fraction", type=float, default=0.0, help="held-out share for epoch selection")
+    p.add_argument("--kd-loss", default="kl", help="kl or mse (the KD runs)")
+    p.add_argument("--teacher-cache", default=None,
+                   help="an earlier KD run of this script whose cached teacher logits to reuse")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
@@ -71,7 +76,7 @@ def main(argv=None) -> int:
         os.environ.setdefault("NLTK_DATA", str(Path(args.data_dir) / "nltk_data"))
     seeds = [int(s) for s in args.seeds.split(",") if s]
     t_start = time.time()
-    runs, cache = [], None
+    runs, cache = [], args.teacher_cache
     for seed in seeds:
         for mode in ("kd", "no-kd"):
             cfg = DistillConfig(student="logreg", teacher=args.teacher, task=args.task,
@@ -79,6 +84,7 @@ def main(argv=None) -> int:
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
                                 no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
                                 data_seed=seeds[0], val_fraction=args.val_fraction,
+                                kd_loss=args.kd_loss,
                                 teacher_cache=cache, name=f"bench-logreg-{mode}-s{seed}")
             t0 = time.time()
             run = run_distill(cfg)
