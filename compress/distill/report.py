@@ -7,12 +7,17 @@ formulas are used instead and the report says so (``flops_source``):
 - BERT teacher, per example of length L, hidden h, FFN f, layers n: MACs = n * (L * (4 h^2 + 2 h f)
   + 2 L^2 h) + h^2 (pooler) + h * labels; embeddings, layer norms, softmax and GELU not counted.
 - students: ``Student.flops_per_example`` (see each student's docstring).
+
+``teacher_agreement`` measures fidelity (how often the student decides as the teacher does) beside
+accuracy: distillation can raise the one without the other when the student copies the teacher's
+mistakes as readily as its successes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -48,3 +53,29 @@ def format_table(rows: list[dict[str, Any]], metric: str) -> str:
         lines.append(f"{r['model']:<28} {r['score']:>9.4f} {r['params']:>12,} {r['flops']:>15,} "
                      f"{'' if ratio is None else f'{ratio:.1f}x':>14}")
     return "\n".join(lines)
+
+
+def teacher_agreement(student_logits: np.ndarray, teacher_logits: np.ndarray, gold: np.ndarray,
+                      multilabel: bool) -> dict[str, Any]:
+    """How the student's decisions relate to the teacher's on the evaluation set.
+
+    single-label (argmax): ``agreement`` = share of examples where student and teacher predict the
+    same label; ``student_accuracy_where_teacher_right`` / ``..._wrong`` split the student's accuracy
+    by whether the teacher got the example right (None for an empty side), with the counts.
+    multi-label (logit > 0 per label): ``agreement`` = share of (example, label) decisions that match;
+    ``exact_agreement`` = share of examples whose whole predicted label sets match."""
+    s, t = np.asarray(student_logits), np.asarray(teacher_logits)
+    if multilabel:
+        ds, dt = s > 0, t > 0
+        return {"agreement": float((ds == dt).mean()),
+                "exact_agreement": float((ds == dt).all(axis=1).mean())}
+    ps, pt, y = s.argmax(1), t.argmax(1), np.asarray(gold)
+    right = pt == y
+
+    def acc(sel):
+        return float((ps[sel] == y[sel]).mean()) if sel.any() else None
+
+    return {"agreement": float((ps == pt).mean()),
+            "student_accuracy_where_teacher_right": acc(right),
+            "student_accuracy_where_teacher_wrong": acc(~right),
+            "teacher_right": int(right.sum()), "teacher_wrong": int((~right).sum())}

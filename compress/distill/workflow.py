@@ -18,7 +18,7 @@ from compress.config import check_choice, check_range, to_dict
 from compress.distill.augment import AugmentConfig, augment_texts, require_nltk_data
 from compress.distill.embeddings import check_embedding_spec, initial_embeddings
 from compress.distill.losses import KD_LOSS_CHOICES, kd_loss_name
-from compress.distill.report import bert_flops_formula, format_table, measure_flops
+from compress.distill.report import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.teacher import (
     CACHE_DIR,
     cached_logits,
@@ -301,6 +301,7 @@ def run_distill(cfg: DistillConfig) -> Path:
         student_logits = predict_student(student, eval_ids, pad_id, device=device)
         student_metrics = _score(spec.family, spec.metric, student_logits, eval_gold)
         teacher_metrics = _score(spec.family, spec.metric, teacher_eval, eval_gold)
+        fidelity = teacher_agreement(student_logits, teacher_eval, eval_gold, multilabel)
         seq_len = max(1, round(float(np.mean([len(x) for x in eval_ids]))))
         ids = torch.full((1, seq_len), 1000, dtype=torch.long)
         ids[0, 0], ids[0, -1] = tokenizer.cls_token_id or 101, tokenizer.sep_token_id or 102
@@ -333,6 +334,7 @@ def run_distill(cfg: DistillConfig) -> Path:
             "train_examples": len(train_ds), "augmented_examples": 0 if cfg.no_kd else len(aug_texts),
             "eval_examples": len(eval_ds), "teacher_logits": {"transfer": train_from, "eval": eval_from},
             "teacher_eval": teacher_metrics, "student_eval": student_metrics,
+            "teacher_agreement": fidelity,
             "params": {"teacher": t_params, "student": s_params},
             "flops_per_example": {"teacher": t_flops, "student": s_flops, "seq_len": seq_len,
                                   "teacher_source": t_src, "student_source": s_src,
@@ -351,7 +353,8 @@ def run_distill(cfg: DistillConfig) -> Path:
                 if val_ds is not None else {"rule": "last epoch"}),
         }
         run.write_summary(summary)
-        table = format_table(rows, spec.metric)
+        table = format_table(rows, spec.metric) + (
+            f"\nstudent-teacher agreement on {len(eval_ds)} eval examples: {fidelity['agreement']:.4f}")
         (run.path / "report.txt").write_text(table + "\n", encoding="utf-8")
         shutil.rmtree(run.path / "checkpoint", ignore_errors=True)
     print(table)

@@ -51,6 +51,9 @@ def test_distill_each_student_end_to_end(teacher_run, tmp_path, student, extra):
     assert fl["teacher"] > 0 and fl["student"] > 0  # the 32-wide test teacher is cheaper than logreg
     assert fl["teacher_over_student"] == pytest.approx(fl["teacher"] / fl["student"], abs=0.01)
     assert s["params"]["student"] > 0
+    fid = s["teacher_agreement"]
+    assert 0.0 <= fid["agreement"] <= 1.0 and fid["teacher_right"] + fid["teacher_wrong"] == 64
+    assert "student-teacher agreement on 64 eval examples" in r.stdout
     epochs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in epochs] == [1, 2]
     assert "teacher" in r.stdout and student in r.stdout and "FLOPs/example" in r.stdout

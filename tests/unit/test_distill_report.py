@@ -1,0 +1,34 @@
+"""Student-teacher agreement against counts worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compress.distill.report import teacher_agreement
+
+
+def test_single_label_agreement_and_split_accuracy():
+    gold = np.array([0, 1, 1, 0, 2])
+    teacher = np.eye(3)[[0, 1, 0, 0, 1]]  # right on 0, 1, 3; wrong on 2, 4
+    student = np.eye(3)[[0, 0, 1, 0, 1]]  # same as teacher on 0, 3, 4
+    r = teacher_agreement(student * 5.0, teacher * 2.0, gold, multilabel=False)
+    assert r["agreement"] == pytest.approx(3 / 5)
+    assert (r["teacher_right"], r["teacher_wrong"]) == (3, 2)
+    assert r["student_accuracy_where_teacher_right"] == pytest.approx(2 / 3)  # 0 and 3, not 1
+    assert r["student_accuracy_where_teacher_wrong"] == pytest.approx(1 / 2)  # 2, not 4
+
+
+def test_single_label_empty_side_is_none():
+    gold = np.array([0, 1])
+    teacher = np.eye(2)[[0, 1]]
+    r = teacher_agreement(teacher, teacher, gold, multilabel=False)
+    assert r["agreement"] == 1.0 and r["student_accuracy_where_teacher_wrong"] is None
+
+
+def test_multilabel_agreement_per_decision_and_per_example():
+    teacher = np.array([[1.0, -1.0, 2.0], [-3.0, -1.0, 0.5]])  # {0, 2}, {2}
+    student = np.array([[0.2, -0.1, 1.0], [-1.0, 0.3, 0.1]])  # {0, 2}, {1, 2}
+    r = teacher_agreement(student, teacher, np.zeros((2, 3)), multilabel=True)
+    assert r["agreement"] == pytest.approx(5 / 6)
+    assert r["exact_agreement"] == pytest.approx(1 / 2)
