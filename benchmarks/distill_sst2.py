@@ -52,6 +52,9 @@ def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs,
     p.add_argument("--student-options", action="append", default=[], metavar="STUDENT=K=V,K=V",
                    help="options for one student, e.g. bilstm=hidden_size=256")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the held-out split and augmented copies (default --seed); fix it "
+                        "to vary --seed over one cached transfer set")
     p.add_argument("--out", default=None, help="JSON file to write")
 
 
@@ -89,7 +92,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
                 train_limit=args.train_limit, eval_limit=args.eval_limit, max_length=args.max_length,
                 augment=args.augment if mode == "kd" else 0, no_kd=mode == "no-kd",
                 epochs=args.epochs, batch_size=args.batch_size, lr=lrs[student], seed=args.seed,
-                val_fraction=args.val_fraction,
+                val_fraction=args.val_fraction, data_seed=args.data_seed,
                 student_options=options.get(student, ()), teacher_cache=cache,
                 name=f"bench-{task}-{student}-{mode}")
             t0 = time.time()
