@@ -35,30 +35,43 @@ from compress.runs import artifacts_root, environment, write_json  # noqa: E402
 
 
 def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> dict[str, float]:
-    """Dev accuracy of sklearn's LogisticRegression(C) on the student's own tf-idf features."""
+    """The task's dev score (accuracy; micro-F1 for multi-label tasks, one-vs-rest) of sklearn's
+    LogisticRegression(C) on the student's own tf-idf features."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import f1_score
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.preprocessing import MultiLabelBinarizer
 
     from students.logreg import LogRegConfig, LogRegStudent
 
     _, data = load_task_data(cfg)
     tok = load_tokenizer(cfg.teacher)
-    student = LogRegStudent(LogRegConfig(num_labels=2, special_ids=tuple(tok.all_special_ids)), len(tok))
+    train, dev = data["train"], data["eval"]
+    student = LogRegStudent(LogRegConfig(num_labels=len(train.label_names),
+                                         special_ids=tuple(tok.all_special_ids)), len(tok))
 
     def enc(texts):
         return tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]
 
     vec = TfidfVectorizer(analyzer=student.analyze, lowercase=False)
-    x_train = vec.fit_transform(enc(data["train"].texts))
-    x_dev = vec.transform(enc(data["eval"].texts))
-    return {str(c): float(LogisticRegression(C=c, max_iter=3000).fit(x_train, data["train"].labels)
-                          .score(x_dev, data["eval"].labels)) for c in cs}
+    x_train = vec.fit_transform(enc(train.texts))
+    x_dev = vec.transform(enc(dev.texts))
+    if not train.multilabel:
+        return {str(c): float(LogisticRegression(C=c, max_iter=3000).fit(x_train, train.labels)
+                              .score(x_dev, dev.labels)) for c in cs}
+    # Every label index is a column, so the training and dev matrices line up.
+    mlb = MultiLabelBinarizer(classes=list(range(len(train.label_names))))
+    y_train, y_dev = mlb.fit_transform(train.labels), mlb.transform(dev.labels)
+    return {str(c): float(f1_score(y_dev, OneVsRestClassifier(LogisticRegression(C=c, max_iter=3000))
+                                   .fit(x_train, y_train).predict(x_dev), average="micro"))
+            for c in cs}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    p.add_argument("--teacher", required=True, help="a fine-tuned SST-2 run folder")
+    p.add_argument("--teacher", required=True, help="a fine-tuned run folder of --task")
     p.add_argument("--task", default="sst2")
     p.add_argument("--train-limit", type=int, default=20000)
     p.add_argument("--max-length", type=int, default=64)
@@ -69,6 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("--kd-loss", default="kl", help="kl or mse (the KD runs)")
     p.add_argument("--teacher-cache", default=None,
                    help="an earlier KD run of this script whose cached teacher logits to reuse")
+    p.add_argument("--sklearn-c", default="0.5,1,2,4",
+                   help="inverse L2 strengths of the scikit-learn reference (comma list)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
@@ -102,7 +117,8 @@ def main(argv=None) -> int:
                  "min": min(v), "max": max(v)} for m, v in by_mode.items()}
     ref = sklearn_reference(DistillConfig(student="logreg", teacher=args.teacher, task=args.task,
                                           data_dir=args.data_dir, train_limit=args.train_limit,
-                                          max_length=args.max_length), [0.5, 1.0, 2.0, 4.0])
+                                          max_length=args.max_length),
+                            [float(c) for c in args.sklearn_c.split(",") if c])
     report = {"task": args.task, "teacher": {"run": args.teacher, "score": teacher_score},
               "settings": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
               "stats": stats, "kd_mean_minus_no_kd_mean": stats["kd"]["mean"] - stats["no-kd"]["mean"],
