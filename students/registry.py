@@ -32,6 +32,16 @@ class StudentEntry:
     default_weight_decay: float = 0.0
     default_lr_schedule: str = "constant"
 
+    def weight_decay_for(self, num_labels: int, multilabel: bool) -> float:
+        """The default L2 penalty for a task. A multi-label loss is the mean of ``num_labels``
+        binary cross-entropies, so each label's weights get 1/num_labels of the gradient that
+        label alone would give; the penalty is divided by num_labels so that every one-vs-rest
+        problem keeps the single-label balance of loss against penalty (on Reuters' 90 labels
+        the undivided 5e-5 held the linear student at micro-F1 0.40)."""
+        if multilabel and num_labels > 1:
+            return self.default_weight_decay / num_labels
+        return self.default_weight_decay
+
 
 STUDENTS: dict[str, StudentEntry] = {
     "bilstm": StudentEntry(BiLSTMConfig, BiLSTMStudent,

@@ -194,7 +194,8 @@ def run_distill(cfg: DistillConfig) -> Path:
     if "special_ids" in entry.config_class.__dataclass_fields__:
         options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
     lr = cfg.lr if cfg.lr is not None else entry.default_lr
-    weight_decay = cfg.weight_decay if cfg.weight_decay is not None else entry.default_weight_decay
+    weight_decay = (cfg.weight_decay if cfg.weight_decay is not None
+                    else entry.weight_decay_for(len(labels), multilabel))
     lr_schedule = cfg.lr_schedule or entry.default_lr_schedule
     train_cfg = StudentTrainConfig(lr=lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
                                    weight_decay=weight_decay, lr_schedule=lr_schedule,

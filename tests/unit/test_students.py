@@ -209,6 +209,27 @@ def test_registry_errors():
     assert student_config("kimcnn", parse_options(("widths=2;3",))).widths == (2, 3)
 
 
+def test_multilabel_default_weight_decay_is_divided_by_the_label_count():
+    logreg = STUDENTS["logreg"]
+    assert logreg.weight_decay_for(2, multilabel=False) == logreg.default_weight_decay == 5e-5
+    assert logreg.weight_decay_for(90, multilabel=True) == pytest.approx(5e-5 / 90)
+    assert STUDENTS["bilstm"].weight_decay_for(90, multilabel=True) == 0.0
+    # Why: with the mean BCE over L labels plus (wd / L)/2 ||W||^2, label j's weight row gets
+    # 1/L of the gradient of its own binary problem with penalty wd/2 ||w_j||^2 -- the same
+    # direction and the same balance of loss against penalty, whatever L is.
+    g = torch.Generator().manual_seed(0)
+    n, d, L, j, wd = 16, 5, 7, 3, 0.3
+    x, y = torch.randn(n, d, generator=g), (torch.rand(n, L, generator=g) > 0.7).float()
+    w = torch.randn(L, d, generator=g, requires_grad=True)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    multi = bce(x @ w.t(), y) + wd / L / 2 * w.pow(2).sum()
+    (grad_multi,) = torch.autograd.grad(multi, w)
+    wj = w[j].detach().clone().requires_grad_(True)
+    single = bce(x @ wj, y[:, j]) + wd / 2 * wj.pow(2).sum()
+    (grad_single,) = torch.autograd.grad(single, wj)
+    torch.testing.assert_close(grad_multi[j] * L, grad_single)
+
+
 def test_vectors_file_mapped_onto_wordpiece_vocab():
     vectors = {"film": np.array([1.0, 2.0], dtype=np.float32), "good": np.array([3.0, 4.0], np.float32)}
     vocab = {"[PAD]": 0, "film": 1, "Good": 2, "##good": 3, "zzz": 4}
