@@ -38,9 +38,10 @@ HELPS = {
     "kd_loss": "distillation term: kl (KL of T-softened outputs; per-label Bernoulli KL for "
                "multi-label) or mse (squared error of raw logits, Tang et al. 2019)",
     "no_kd": "train the same student on gold labels only (the baseline)",
-    "lr": "student Adam learning rate (default: per student, 1e-3 bilstm/kimcnn, 3e-2 logreg)",
+    "lr": ("student Adam learning rate (default: per student, 1e-3 bilstm/kimcnn, 3e-2 logreg; "
+           "1.0 logreg on multi-label tasks)"),
     "weight_decay": ("Adam L2 penalty of the student (default: per student, 0 bilstm/kimcnn, 5e-5 logreg; "
-                     "divided by the number of labels on multi-label tasks)"),
+                     "on multi-label tasks 2e-6 logreg divided by the number of labels)"),
     "lr_schedule": "student learning rate: constant or linear (decay to 0); default per student, "
                    "constant bilstm/kimcnn, linear logreg",
     "teacher_epochs": "epochs when fine-tuning the teacher first (--teacher minilm)",

@@ -193,7 +193,7 @@ def run_distill(cfg: DistillConfig) -> Path:
     tokenizer = load_tokenizer(cfg.teacher)
     if "special_ids" in entry.config_class.__dataclass_fields__:
         options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
-    lr = cfg.lr if cfg.lr is not None else entry.default_lr
+    lr = cfg.lr if cfg.lr is not None else entry.lr_for(multilabel)
     weight_decay = (cfg.weight_decay if cfg.weight_decay is not None
                     else entry.weight_decay_for(len(labels), multilabel))
     lr_schedule = cfg.lr_schedule or entry.default_lr_schedule

@@ -89,6 +89,40 @@ def test_logreg_idf_is_fitted_on_the_augmented_transfer_set(teacher_run, tmp_pat
     assert int((seen_kd & ~seen_plain).sum()) > 0  # and augmentation added new ones
 
 
+def _write_reuters(folder, n_train: int = 24, n_test: int = 8):
+    """A ModApte-layout SGML file with three labels (one or two per document)."""
+    topics = [("grain",), ("wheat", "grain"), ("corn",)]
+    docs = []
+    for i in range(n_train + n_test):
+        split = "TRAIN" if i < n_train else "TEST"
+        tags = "".join(f"<D>{t}</D>" for t in topics[i % 3])
+        docs.append(f'<REUTERS TOPICS="YES" LEWISSPLIT="{split}" NEWID="{i + 1}"><TOPICS>{tags}</TOPICS>'
+                    f"<TEXT><TITLE>{' '.join(topics[i % 3])} news {i}</TITLE>"
+                    f"<BODY>Prices of {topics[i % 3][0]} moved today.</BODY></TEXT></REUTERS>")
+    (folder / "reuters21578").mkdir(parents=True)
+    (folder / "reuters21578" / "reut2-000.sgm").write_text("\n".join(docs) + "\n")
+    return folder
+
+
+def test_multilabel_distill_end_to_end_with_its_own_defaults(tiny_bert, tmp_path):
+    """A multi-label teacher and the linear student: micro-F1, lambda 1, and the logreg
+    student's multi-label lr and per-label L2 (2e-6 / 3 labels) recorded in summary.json."""
+    data = _write_reuters(tmp_path / "data")
+    teacher = tmp_path / "teacher"
+    r = run_cli("finetune", "--model", str(tiny_bert), "--task", "reuters", "--data-dir", str(data),
+                "--max-steps", "2", "--batch-size", "8", "--max-length", "32", "--out", str(teacher))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher), "--task", "reuters",
+                "--data-dir", str(data), "--epochs", "1", "--max-length", "32", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["metric"] == "micro_f1" and s["kd_lambda"] == 1.0 and s["kd_loss"] == "bernoulli_kl"
+    assert s["train_examples"] == 24 and s["eval_examples"] == 8
+    assert s["lr"] == 1.0 and s["weight_decay"] == pytest.approx(2e-6 / 3)
+    assert 0.0 <= s["student_eval"]["score"] <= 1.0
+
+
 def test_val_fraction_holds_out_and_keeps_the_best_epoch(teacher_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "logreg", "--no-kd", "--teacher", str(teacher_run),

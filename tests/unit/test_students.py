@@ -212,8 +212,11 @@ def test_registry_errors():
 def test_multilabel_default_weight_decay_is_divided_by_the_label_count():
     logreg = STUDENTS["logreg"]
     assert logreg.weight_decay_for(2, multilabel=False) == logreg.default_weight_decay == 5e-5
-    assert logreg.weight_decay_for(90, multilabel=True) == pytest.approx(5e-5 / 90)
+    assert logreg.weight_decay_for(90, multilabel=True) == pytest.approx(2e-6 / 90)
+    assert logreg.weight_decay_for(1, multilabel=True) == pytest.approx(2e-6)
+    assert (logreg.lr_for(False), logreg.lr_for(True)) == (3e-2, 1.0)
     assert STUDENTS["bilstm"].weight_decay_for(90, multilabel=True) == 0.0
+    assert STUDENTS["kimcnn"].lr_for(True) == STUDENTS["kimcnn"].lr_for(False) == 1e-3
     # Why: with the mean BCE over L labels plus (wd / L)/2 ||W||^2, label j's weight row gets
     # 1/L of the gradient of its own binary problem with penalty wd/2 ||w_j||^2 -- the same
     # direction and the same balance of loss against penalty, whatever L is.
