@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seeds", default="42,1,2")
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the held-out split and augmented copies (default: the first seed); "
+                        "fix it to run seeds in separate calls over one --teacher-cache")
     p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
     p.add_argument("--val-fraction", type=float, default=0.0, help="held-out share for epoch selection")
     p.add_argument("--kd-loss", default="kl", help="kl or mse (the KD runs)")
@@ -96,6 +99,7 @@ def main(argv=None) -> int:
     if (Path(args.data_dir) / "nltk_data").is_dir():  # the tagger data shipped with the data folder
         os.environ.setdefault("NLTK_DATA", str(Path(args.data_dir) / "nltk_data"))
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    data_seed = args.data_seed if args.data_seed is not None else seeds[0]
     t_start = time.time()
     runs, cache = [], args.teacher_cache
     for seed in seeds:
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
                                 data_dir=args.data_dir, train_limit=args.train_limit,
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
                                 no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
-                                data_seed=seeds[0], val_fraction=args.val_fraction,
+                                data_seed=data_seed, val_fraction=args.val_fraction,
                                 kd_loss=args.kd_loss, weight_decay=args.weight_decay, lr=args.lr,
                                 teacher_cache=cache, name=f"bench-logreg-{mode}-s{seed}")
             t0 = time.time()
