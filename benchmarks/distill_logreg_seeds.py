@@ -6,7 +6,7 @@ The linear student's KD gain is small next to seed-to-seed variation, so one run
 tell them apart; this runs both sides for each seed on the same transfer set (no augmentation:
 the originals with teacher logits, computed once and reused) and reports mean and spread.
 ``--augment N`` gives the KD runs N augmented copies per sentence (Tang et al. 2019; teacher labels
-only, so the --no-kd runs cannot use them). The copies come from the first seed (``data_seed``) in
+only, so the --no-kd runs cannot use them). The copies come from ``--data-seed`` (default: the first seed) in
 every run, so the teacher labels them once; the seeds vary the students' training. ``--val-fraction``
 keeps each student's best epoch on held-out training sentences (the same ones in every run).
 
