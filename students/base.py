@@ -64,6 +64,16 @@ class Student(nn.Module):
         with torch.no_grad():
             emb.weight.copy_(weight)
 
+    def output_layer(self) -> nn.Linear:
+        """The linear layer that produces the logits: the last ``nn.Linear`` with ``num_labels``
+        outputs (used to start multi-label students at the label prior)."""
+        layers = [m for m in self.modules()
+                  if isinstance(m, nn.Linear) and m.out_features == self.config.num_labels]
+        if not layers:
+            raise TypeError(f"{type(self).__name__} has no linear layer with {self.config.num_labels} "
+                            "outputs")
+        return layers[-1]
+
     def prepare(self, sequences: list[list[int]]) -> None:
         """Fit data-derived statistics on the training token-id sequences before training
         (logreg: tf-idf vocabulary and idf). Neural students need nothing."""

@@ -169,7 +169,7 @@ def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
 
 def run_distill(cfg: DistillConfig) -> Path:
     """Distil a teacher into ``cfg.student`` on ``cfg.task``; returns the finished run folder."""
-    from compress.finetune import load_task_data
+    from compress.finetune import init_bias_to_prior, load_task_data
 
     # ---- validate everything before the run folder exists -------------------------------------
     entry = get_student(cfg.student)
@@ -279,6 +279,8 @@ def run_distill(cfg: DistillConfig) -> Path:
         student.prepare([e["input_ids"] for e in examples])
         if emb is not None:
             student.init_embeddings(emb)
+        if multilabel:  # as the teacher's head: rare labels start near their frequency, not at 0.5
+            init_bias_to_prior(student.output_layer(), train_ds)
         pad_id = tokenizer.pad_token_id or 0
         eval_gold = _gold(eval_ds)
 

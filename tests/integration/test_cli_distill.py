@@ -121,6 +121,16 @@ def test_multilabel_distill_end_to_end_with_its_own_defaults(tiny_bert, tmp_path
     assert s["train_examples"] == 24 and s["eval_examples"] == 8
     assert s["lr"] == 1.0 and s["weight_decay"] == pytest.approx(2e-6 / 3)
     assert 0.0 <= s["student_eval"]["score"] <= 1.0
+    # The output bias starts at the label prior: with a step too small to move it, it is still
+    # the log-odds of (count + 0.5) / (24 + 1) for corn 8, grain 16, wheat 8 of 24 documents.
+    out = tmp_path / "still"
+    r = run_cli("distill", "--student", "logreg", "--no-kd", "--lr", "1e-12", "--teacher", str(teacher),
+                "--task", "reuters", "--data-dir", str(data), "--epochs", "1", "--max-length", "32",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    p = np.array([8.5, 16.5, 8.5]) / 25
+    bias = load_file(out / "student" / "model.safetensors")["linear.bias"].numpy()
+    np.testing.assert_allclose(bias, np.log(p / (1 - p)), rtol=1e-5)
 
 
 def test_val_fraction_holds_out_and_keeps_the_best_epoch(teacher_run, tmp_path):

@@ -209,6 +209,20 @@ def test_registry_errors():
     assert student_config("kimcnn", parse_options(("widths=2;3",))).widths == (2, 3)
 
 
+@pytest.mark.parametrize("name", ["bilstm", "kimcnn", "logreg"])
+def test_output_layer_is_the_one_that_makes_the_logits(name):
+    model = _make(name)
+    layer = model.output_layer()
+    assert isinstance(layer, torch.nn.Linear) and layer.out_features == model.config.num_labels
+    ids = torch.randint(5, 50, (3, 9))
+    model.eval()
+    before = model(ids)
+    with torch.no_grad():
+        layer.bias.add_(torch.arange(layer.out_features, dtype=layer.bias.dtype))
+    # only this layer's bias moved, and it shifts every logit by exactly that amount
+    torch.testing.assert_close(model(ids) - before, torch.arange(layer.out_features).float().expand(3, -1))
+
+
 def test_multilabel_default_weight_decay_is_divided_by_the_label_count():
     logreg = STUDENTS["logreg"]
     assert logreg.weight_decay_for(2, multilabel=False) == logreg.default_weight_decay == 5e-5
