@@ -26,7 +26,9 @@ from compress.finetune import FinetuneConfig, run_finetune  # noqa: E402
 from compress.runs import artifacts_root, environment, write_json  # noqa: E402
 from students.registry import STUDENTS  # noqa: E402
 
-DEFAULT_LR = {name: entry.default_lr for name, entry in STUDENTS.items()}
+# The students' own defaults, which differ between single- and multi-label tasks (logreg).
+DEFAULT_LR = {name: {"single-label": e.default_lr, "multi-label": e.lr_for(True)}
+              for name, e in STUDENTS.items()}
 
 
 def suite_arguments(p: argparse.ArgumentParser, *, train_limit, augment, epochs, max_length,
@@ -63,7 +65,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
     if (Path(args.data_dir) / "nltk_data").is_dir():  # the tagger data shipped with the data folder
         os.environ.setdefault("NLTK_DATA", str(Path(args.data_dir) / "nltk_data"))
-    lrs = dict(DEFAULT_LR)
+    lrs = {}  # explicit --lr only; otherwise the workflow picks the student's default for the task
     for item in args.lr:
         name, _, value = item.partition("=")
         lrs[name] = float(value)
@@ -91,7 +93,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
                 student=student, teacher=teacher, task=task, data_dir=args.data_dir,
                 train_limit=args.train_limit, eval_limit=args.eval_limit, max_length=args.max_length,
                 augment=args.augment if mode == "kd" else 0, no_kd=mode == "no-kd",
-                epochs=args.epochs, batch_size=args.batch_size, lr=lrs[student], seed=args.seed,
+                epochs=args.epochs, batch_size=args.batch_size, lr=lrs.get(student), seed=args.seed,
                 val_fraction=args.val_fraction, data_seed=args.data_seed,
                 student_options=options.get(student, ()), teacher_cache=cache,
                 name=f"bench-{task}-{student}-{mode}")
@@ -105,7 +107,7 @@ def run_suite(task: str, args: argparse.Namespace) -> dict:
                          "params": s["params"]["student"],
                          "flops_per_example": s["flops_per_example"]["student"],
                          "teacher_over_student_flops": s["flops_per_example"]["teacher_over_student"],
-                         "augmented_examples": s["augmented_examples"], "lr": lrs[student],
+                         "augmented_examples": s["augmented_examples"], "lr": s["lr"],
                          "model_selection": s["model_selection"],
                          "seconds": round(time.time() - t0, 1), "seconds_detail": s["seconds"]})
             teacher_score = s["teacher_eval"]["score"]
