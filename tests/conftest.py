@@ -19,6 +19,10 @@ os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("NLTK_DATA", str(SHARED_DATA / "nltk_data"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one worker per core; each worker (and the CLI subprocesses it starts) then
+    # keeps to one thread instead of every process contending for all cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def skip_without_tagger_data() -> None:
