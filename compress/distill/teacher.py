@@ -20,13 +20,21 @@ from compress.errors import UsageError
 CACHE_DIR = "teacher_logits"
 
 
+# Besides the weights: the label names and every file a tokenizer is read from.
+FINGERPRINTED = ("compress.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                 "merges.txt", "special_tokens_map.json", "added_tokens.json", "spiece.model",
+                 "sentencepiece.bpe.model")
+
+
 def teacher_fingerprint(model_dir: str | Path) -> str:
-    """SHA-256 of the teacher's weight file(s) and saved label names."""
+    """SHA-256 of the teacher's weight file(s), saved label names and tokenizer files (the same
+    texts tokenized by another vocabulary give other logits)."""
     p = Path(model_dir)
     h = hashlib.sha256()
-    files = sorted(p.glob("*.safetensors")) + sorted(p.glob("compress.json"))
-    if not files:
+    weights = sorted(p.glob("*.safetensors"))
+    if not weights:
         raise UsageError(f"teacher folder {p} has no *.safetensors weights")
+    files = weights + sorted(f for f in p.iterdir() if f.name in FINGERPRINTED)
     for f in files:
         h.update(f.name.encode())
         with open(f, "rb") as fh:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from compress.distill import workflow
-from compress.distill.teacher import cached_logits, read_cache, transfer_key
+from compress.distill.teacher import cached_logits, read_cache, teacher_fingerprint, transfer_key
 from compress.errors import UsageError
 
 
@@ -131,3 +131,20 @@ def test_interrupted_run_resumes_without_rerunning_the_teacher(tiny_teacher, tmp
     assert json.loads((done / "summary.json").read_text())["teacher_logits"] == {
         "transfer": "cache", "eval": "cache"}
     assert not kept.exists()
+
+
+def test_fingerprint_covers_weights_labels_and_tokenizer_not_other_files(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "compress.json").write_text('{"label_names": ["neg", "pos"]}')
+    (tmp_path / "vocab.txt").write_text("[PAD]\nfilm\n")
+    base = teacher_fingerprint(tmp_path)
+    (tmp_path / "README.md").write_text("notes")  # not read by the model or its tokenizer
+    assert teacher_fingerprint(tmp_path) == base
+    for name, text in [("vocab.txt", "[PAD]\nmovie\n"), ("compress.json", '{"label_names": ["a", "b"]}'),
+                       ("tokenizer_config.json", '{"do_lower_case": false}')]:
+        before = teacher_fingerprint(tmp_path)
+        (tmp_path / name).write_text(text)
+        assert teacher_fingerprint(tmp_path) != before, name
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(UsageError, match="no \\*.safetensors weights"):
+        teacher_fingerprint(tmp_path)
