@@ -28,6 +28,35 @@ def check_embedding_spec(spec: str) -> None:
                          "nor an existing word2vec/GloVe text file")
 
 
+def embedding_width(spec: str, teacher: str) -> int | None:
+    """The width the ``--student-embeddings`` matrix will have, known before any training: the
+    teacher's input-embedding width, the first vector's length in a vectors file, None for random."""
+    if spec == "random":
+        return None
+    if spec == "teacher":
+        from transformers import AutoConfig
+
+        from compress.models import resolve_model
+
+        config = AutoConfig.from_pretrained(resolve_model(teacher))
+        return int(getattr(config, "embedding_size", None) or config.hidden_size)
+    with open(spec, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, start=1):
+            parts = line.rstrip().split(" ")
+            if n == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                continue  # word2vec header: count dim
+            if len(parts) >= 2:
+                return len(parts) - 1
+    raise DataError(f"{spec} holds no vectors (expected 'word v1 v2 ...' lines)")
+
+
+def check_embed_dim(options: dict, width: int | None) -> None:
+    """``embed_dim`` in --student-options must agree with the initial embeddings' width."""
+    if width is not None and "embed_dim" in options and int(options["embed_dim"]) != width:
+        raise UsageError(f"embed_dim={options['embed_dim']} differs from the {width}-d initial "
+                         "embeddings; drop embed_dim or use --student-embeddings random")
+
+
 def read_vectors(path: Path) -> dict[str, np.ndarray]:
     vectors: dict[str, np.ndarray] = {}
     dim = None

@@ -127,10 +127,14 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
             o.load_state_dict(o_state)
         torch.set_rng_state(state["rng_torch"])
         start = int(state["epoch"])
+    per_epoch = -(-len(examples) // cfg.batch_size)
     val_scores: list[float] = list(state.get("val_scores", [])) if start else []
     best = state.get("best") if start else None
-    step, t0, last = 0, time.time(), float("nan")
-    per_epoch = -(-len(examples) // cfg.batch_size)
+    # A resumed run counts the steps, seconds and loss of the epochs it did before the stop too.
+    step = int(state.get("step", start * per_epoch)) if start else 0
+    before = float(state.get("seconds", 0.0)) if start else 0.0
+    last = float(state.get("final_loss", float("nan"))) if start else float("nan")
+    t0 = time.time()
     total_steps = per_epoch * cfg.epochs
     for epoch in range(start, cfg.epochs):
         model.train()
@@ -163,7 +167,7 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
                 sums[k] += float(losses[k].detach())
         last = sums["loss"] / max(batches, 1)
         record = {"epoch": epoch + 1, **{k: v / max(batches, 1) for k, v in sums.items()},
-                  "seconds": round(time.time() - t0, 1)}
+                  "seconds": round(before + time.time() - t0, 1)}
         if validate is not None:
             val_scores.append(float(validate()))
             record["val_score"] = val_scores[-1]
@@ -183,9 +187,10 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
             tmp = checkpoint.with_name(checkpoint.name + ".tmp")
             torch.save({"epoch": epoch + 1, "model": model.state_dict(),
                         "optimizers": [o.state_dict() for o in opts],
-                        "rng_torch": torch.get_rng_state(), "val_scores": val_scores, "best": best}, tmp)
+                        "rng_torch": torch.get_rng_state(), "val_scores": val_scores, "best": best,
+                        "step": step, "seconds": before + time.time() - t0, "final_loss": last}, tmp)
             tmp.replace(checkpoint)
-    out = {"steps": step, "epochs": cfg.epochs, "final_loss": last, "seconds": time.time() - t0}
+    out = {"steps": step, "epochs": cfg.epochs, "final_loss": last, "seconds": before + time.time() - t0}
     if validate is not None:
         selected = val_scores.index(max(val_scores)) + 1
         model.load_state_dict(best)

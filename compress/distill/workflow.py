@@ -16,7 +16,12 @@ import torch
 
 from compress.config import check_choice, check_range, to_dict
 from compress.distill.augment import AugmentConfig, augment_texts, require_nltk_data
-from compress.distill.embeddings import check_embedding_spec, initial_embeddings
+from compress.distill.embeddings import (
+    check_embed_dim,
+    check_embedding_spec,
+    embedding_width,
+    initial_embeddings,
+)
 from compress.distill.losses import KD_LOSS_CHOICES, kd_loss_name
 from compress.distill.report import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.teacher import (
@@ -118,6 +123,10 @@ class DistillConfig:
                            self.text_pair_column, self.label_column)
 
 
+# Student options the run sets itself; a value given in --student-options would disagree with them.
+SET_BY_RUN = ("num_labels", "pad_id", "special_ids")
+
+
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -183,16 +192,23 @@ def run_distill(cfg: DistillConfig) -> Path:
     train_ds, val_ds = hold_out(train_ds, cfg.val_fraction, data_seed)
     labels, multilabel = train_ds.label_names, train_ds.multilabel
     kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else (1.0 if multilabel else 4.0)
-    options.setdefault("num_labels", len(labels))
+    for key in SET_BY_RUN:
+        if key in options:
+            raise UsageError(f"student option {key} is set by the run (from the task's labels and the "
+                             f"teacher's tokenizer); drop {key}= from --student-options")
+    options["num_labels"] = len(labels)
     student_config(cfg.student, options)  # typed check of --student-options now
+    if entry.model_class.uses_embeddings:  # before a teacher is fine-tuned or run
+        check_embed_dim(options, embedding_width(cfg.student_embeddings, cfg.teacher))
     for role in ("transfer", "eval"):
         resolve_cache_source(cfg.teacher_cache, role)
     finetune_first = cfg.teacher in PACKAGED
     if not finetune_first:
         load_classifier(cfg.teacher, labels, multilabel, strict_labels=True)  # label set must match
     tokenizer = load_tokenizer(cfg.teacher)
+    options["pad_id"] = tokenizer.pad_token_id or 0
     if "special_ids" in entry.config_class.__dataclass_fields__:
-        options.setdefault("special_ids", tuple(tokenizer.all_special_ids))
+        options["special_ids"] = tuple(tokenizer.all_special_ids)
     lr = cfg.lr if cfg.lr is not None else entry.lr_for(multilabel)
     weight_decay = (cfg.weight_decay if cfg.weight_decay is not None
                     else entry.weight_decay_for(len(labels), multilabel))
@@ -265,10 +281,7 @@ def run_distill(cfg: DistillConfig) -> Path:
         if entry.model_class.uses_embeddings:
             emb, emb_info = initial_embeddings(cfg.student_embeddings, teacher, tokenizer, cfg.seed)
             if emb is not None:
-                if "embed_dim" in options and int(options["embed_dim"]) != emb.shape[1]:
-                    raise UsageError(f"embed_dim={options['embed_dim']} differs from the "
-                                     f"{emb.shape[1]}-d initial embeddings; drop embed_dim or use "
-                                     "--student-embeddings random")
+                check_embed_dim(options, int(emb.shape[1]))
                 options["embed_dim"] = int(emb.shape[1])
         vocab_size = max(len(tokenizer), emb.shape[0] if emb is not None else 0)
         scfg = student_config(cfg.student, options)

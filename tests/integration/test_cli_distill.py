@@ -182,6 +182,9 @@ def other_labels(tmp_path_factory):
     (["--kd-loss", "mse", "--temperature", "2"], 2, "no effect with --kd-loss mse"),
     (["--augment", "2", "--no-kd"], 2, "cannot be combined with --no-kd"),
     (["--student-options", "hidden=3"], 2, "unknown option 'hidden'"),
+    (["--student-options", "num_labels=5"], 2, "student option num_labels is set by the run"),
+    (["--student-options", "pad_id=3"], 2, "drop pad_id= from --student-options"),
+    (["--student", "logreg", "--student-options", "special_ids=0"], 2, "special_ids is set by the run"),
     (["--student-embeddings", "/no/such/vectors.txt"], 2, "--student-embeddings"),
     (["--teacher-cache", "/no/such/run"], 2, "--teacher-cache"),
     (["--val-fraction", "0.5"], 2, "--val-fraction must be in [0, 0.5)"),
@@ -222,6 +225,16 @@ def test_missing_tagger_data_is_one_line(teacher_run, tmp_path):
     lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()]
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert "python -m nltk.downloader averaged_perceptron_tagger_eng" in lines[0] and "NLTK_DATA" in lines[0]
+    assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_embed_dim_conflict_is_refused_before_the_teacher_is_fine_tuned(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("distill", "--teacher", "minilm", "--student-options", "embed_dim=16", "--out", str(out),
+                env={"COMPRESS_ARTIFACTS": str(tmp_path / "a")})
+    assert r.returncode == 2, r.stderr
+    assert "compress distill: error: embed_dim=16 differs from the 384-d initial embeddings" in r.stderr
+    assert not r.stdout.strip(), r.stdout  # a fine-tuned teacher would have printed its accuracy
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
 
 
@@ -276,5 +289,6 @@ def test_sigkill_after_an_epoch_then_resume_equals_uninterrupted(teacher_run, tm
     assert records(out) == records(ref)
     s, s_ref = (json.loads((p / "summary.json").read_text()) for p in (out, ref))
     assert s["student_eval"] == s_ref["student_eval"]
+    assert s["steps"] == s_ref["steps"]  # the steps before the kill count too
     w, w_ref = (load_file(str(p / "student" / "model.safetensors")) for p in (out, ref))
     assert w.keys() == w_ref.keys() and all(torch.equal(w[k], w_ref[k]) for k in w)

@@ -297,3 +297,17 @@ def test_onnx_export_matches_torch_on_another_padded_batch(name, tmp_path):
     with torch.no_grad():
         expected = model(ids, mask).numpy()
     assert np.abs(got - expected).max() < 1e-5
+
+
+def test_embedding_width_is_known_before_training(tiny_bert, tmp_path):
+    from compress.distill.embeddings import check_embed_dim, embedding_width
+
+    assert embedding_width("random", str(tiny_bert)) is None
+    assert embedding_width("teacher", str(tiny_bert)) == 32  # the tiny BERT's hidden size
+    f = tmp_path / "vec.txt"
+    f.write_text("2 3\nfilm 0.1 0.2 0.3\nplay 1 2 3\n")
+    assert embedding_width(str(f), str(tiny_bert)) == 3
+    check_embed_dim({"embed_dim": "3"}, 3)
+    check_embed_dim({}, 3)
+    with pytest.raises(UsageError, match="embed_dim=16 differs from the 3-d initial embeddings"):
+        check_embed_dim({"embed_dim": "16"}, 3)
