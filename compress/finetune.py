@@ -144,7 +144,8 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     from compress.models import resolve_model
     from compress.pruning.pruner import saved_mask_hooks
 
-    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False))
+    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
+                              others=hooks)
     name = cfg.name or f"{spec.name}"
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))

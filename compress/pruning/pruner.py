@@ -31,9 +31,16 @@ def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
                 pruned: dict[str, torch.Tensor] | None = None) -> None:
     """Zero every masked entry in place (+0.0, so the stored bits are the same every time).
 
-    ``pruned`` (the negated masks) can be passed to save a negation per tensor and step."""
+    ``pruned`` (the negated masks) can be passed to save a negation per tensor and step. A mask on
+    another device than its parameter (hooks are built before the trainer moves the model to the
+    GPU) is moved there, in ``masks`` and ``pruned`` too, so that happens once."""
     for name, m in masks.items():
-        params[name].masked_fill_(pruned[name] if pruned is not None else ~m, 0.0)
+        p = params[name]
+        if m.device != p.device:
+            m = masks[name] = m.to(p.device)
+            if pruned is not None:
+                pruned[name] = pruned[name].to(p.device)
+        p.masked_fill_(pruned[name] if pruned is not None else ~m, 0.0)
 
 
 class MagnitudePruner:
@@ -257,10 +264,15 @@ def matching_masks(module: torch.nn.Module, masks: dict[str, torch.Tensor]) -> t
 
 
 def saved_mask_hooks(module: torch.nn.Module, model_dir: str | Path,
-                     information_deletion: bool = False) -> list[TrainHook]:
+                     information_deletion: bool = False, others: list[TrainHook] = ()) -> list[TrainHook]:
     """Hooks for fine-tuning the model saved in ``model_dir``: keep its masks (default), or with
-    ``information_deletion`` zero the same weights once and let them regrow. [] for a dense model."""
+    ``information_deletion`` zero the same weights once and let them regrow. [] for a dense model,
+    and [] when ``others`` (the run's other hooks) hold a ``PruningHook``: re-pruning, the pruner
+    started from these masks (they only shrink) and writes the new ones, which a kept-masks hook
+    would overwrite with the old."""
     model_dir = Path(model_dir)
+    if any(isinstance(h, PruningHook) for h in others):
+        return []
     has_masks = (model_dir / MASKS_FILE).is_file()
     if not has_masks:
         if information_deletion:

@@ -113,7 +113,8 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
     objective = make_objective(cfg.objective, model, cfg)
     hooks = list(hook_factory(model)) if hook_factory else []
     # A pruned encoder keeps its zeros on squad too, unless --information-deletion.
-    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False))
+    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
+                              others=hooks)
     name = cfg.name or f"{spec.name}-{cfg.objective}"
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))

@@ -69,7 +69,7 @@ def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, comman
     model, tokenizer, _ = load_dual_encoder(cfg.model)
     hooks = list(hook_factory(model.encoder)) if hook_factory else []
     hooks += saved_mask_hooks(model.encoder, resolve_model(cfg.model),
-                              getattr(cfg, "information_deletion", False))
+                              getattr(cfg, "information_deletion", False), others=hooks)
     with RunDir(command, name=name, out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)

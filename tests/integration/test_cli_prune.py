@@ -249,6 +249,28 @@ def test_prune_while_finetuning_on_squad_and_reqa(tiny_bert, tmp_path, task):
     assert v.returncode == 0, v.stderr
 
 
+@pytest.mark.parametrize("task", ["squad", "reqa"])
+def test_repruning_a_pruned_model_on_squad_and_reqa_saves_the_new_masks(pruned_run, tmp_path, task):
+    src, _ = pruned_run  # 40% sparse
+    write_tiny_squad(tmp_path)
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(src), "--task", task, "--data-dir", str(tmp_path),
+                "--split-by-article", "2/1", "--sparsity", "0.7", "--max-steps", "4", "--batch-size", "4",
+                "--max-length", "48", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    new, root = load_file(str(out / "model" / "masks.safetensors")), load_file(str(out / "masks.safetensors"))
+    old = load_file(str(src / "model" / "masks.safetensors"))
+    assert new.keys() == root.keys() and all(torch.equal(new[k], root[k]) for k in new)
+    for name, m in new.items():
+        assert (~m.bool()).float().mean() == pytest.approx(0.7, abs=0.005), name
+        if name in old:  # masks only shrink: the 40% stay pruned
+            assert not (m.bool() & ~old[name].bool()).any(), name
+    meta = json.loads((out / "model" / "compress.json").read_text())
+    assert meta["pruning"]["sparsity"] == 0.7 and "kept_masks" not in meta["pruning"]
+    for name, (zeros, mask) in _zero_pattern(out).items():
+        assert zeros[~mask].all(), name
+
+
 def test_prune_structured_on_squad_is_refused(tiny_bert, tmp_path):
     write_tiny_squad(tmp_path)
     out = tmp_path / "run"

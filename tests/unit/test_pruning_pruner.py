@@ -14,6 +14,7 @@ from compress.pruning.pruner import (
     MagnitudePruner,
     PrunerStateError,
     PruningHook,
+    apply_masks,
 )
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule
 from compress.pruning.targets import select_targets
@@ -201,3 +202,16 @@ def test_information_deletion_lets_zeros_regrow(tiny_bert):
     regrown = sum(int((params[n].detach()[~masks[n]] != 0).sum()) for n in enc)
     # every encoder weight gets a gradient, so nearly all zeros move (embeddings: only seen tokens)
     assert regrown > 0.9 * sum(int((~masks[n]).sum()) for n in enc)
+
+
+def test_masks_follow_their_parameters_device():
+    # Hooks build their masks before the trainer moves the model (to CUDA on a GPU machine); a
+    # CPU mask against a CUDA weight fails in masked_fill_. "meta" stands in for the other device.
+    w = torch.nn.Parameter(torch.randn(4, 4, device="meta"))
+    masks = {"w": torch.rand(4, 4) > 0.5}
+    pruned = {"w": ~masks["w"]}
+    apply_masks({"w": w}, masks, pruned)
+    assert masks["w"].device.type == "meta" and pruned["w"].device.type == "meta"
+    cpu = {"w": torch.rand(4, 4) > 0.5}
+    apply_masks({"w": w}, cpu)  # without the negated masks too
+    assert cpu["w"].device.type == "meta"
