@@ -13,6 +13,7 @@ GFLOP/s).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -132,7 +133,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             flops_cache[(src, length)] = count_flops(m.model, fake)["dense_flops"]
         return flops_cache[(src, length)]
 
-    with RunDir("bench", name=cfg.name or "bench", out=cfg.out) as run:
+    # temps: the ONNX files exported for the ``ort`` runtime, removed when the run ends
+    with RunDir("bench", name=cfg.name or "bench", out=cfg.out) as run, contextlib.ExitStack() as temps:
         run.write_config(to_dict(cfg))
         run.write_env(None)
         peak = matmul_peak_gflops(cfg.matmul_n, device=device)
@@ -168,7 +170,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                     loaded.vocab_size, path))
                 if "ort" in cfg.runtimes:
                     eager = load_torch_model(path, attn_implementation="eager")
-                    tmp = Path(tempfile.mkdtemp(prefix="compress-bench-"))
+                    tmp = Path(temps.enter_context(tempfile.TemporaryDirectory(prefix="compress-bench-")))
                     onnx_path = export_onnx(eager, tmp / "model.onnx")
                     info["parity"] = check_parity(eager, onnx_path, provider=provider)
                     sess = OrtModel(onnx_path, provider=provider, threads=cfg.threads or threads)
@@ -241,16 +243,33 @@ def _validate_model_path(path: str) -> None:
         raise ModelError(f"{path} is a file, not a model; pass a model folder or an .onnx file")
 
 
+_ID_PRESERVING = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
 def _onnx_vocab(path: str) -> int:
-    """Token-id range of an ONNX model: the smallest table its ids are gathered from (the word
-    embeddings of BERT, a student's embedding or vocabulary-sized buffer)."""
+    """Token-id range of an ONNX model: the first dimension of the table that ``input_ids`` index
+    (BERT's word embeddings, not its 512-row position table; a student's embedding or
+    vocabulary-sized buffer), through Cast/Reshape-like nodes and an int8 model's DequantizeLinear."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
-    sizes = [int(inits[n.input[0]].dims[0]) for n in model.graph.node
-             if n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].dims
-             and int(inits[n.input[0]].dims[0]) >= 100]
+    producer = {o: n for n in model.graph.node for o in n.output}
+    ids = {"input_ids"}
+    for n in model.graph.node:  # nodes are topologically sorted
+        if n.op_type in _ID_PRESERVING and n.input[0] in ids:
+            ids.update(n.output)
+
+    def table(name: str):
+        node = producer.get(name)
+        if name not in inits and node is not None and node.op_type == "DequantizeLinear":
+            name = node.input[0]
+        t = inits.get(name)
+        return int(t.dims[0]) if t is not None and t.dims else None
+
+    sizes = [table(n.input[0]) for n in model.graph.node
+             if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] in ids]
+    sizes = [v for v in sizes if v]
     return min(sizes) if sizes else 30522
 
 

@@ -280,3 +280,21 @@ def test_every_registered_student_exports_with_parity(name, tmp_path):
     # example_inputs pads rows after the first, so the mask path (packing, masked pooling) is checked
     r = check_parity(loaded, path)
     assert r["max_abs_diff"]["logits"] <= FP32_ATOL and r["argmax_agreement"] == 1.0
+
+
+def test_bench_token_range_is_the_word_table_of_each_onnx_file(tiny_bert, tmp_path):
+    # The tiny BERT gathers from a 30522-row word table and a 512-row position table; benchmark
+    # inputs must draw ids from the word table (the position table gave every id = 511).
+    from compress.measure.bench import _onnx_vocab
+
+    loaded = load_torch_model(str(tiny_bert))
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    optimize_onnx(path, tmp_path / "o.onnx", 4, 32)
+    q = quantize_int8(tmp_path / "o.onnx", tmp_path / "q.onnx")
+    for f in (path, tmp_path / "o.onnx", q):
+        assert _onnx_vocab(f) == 30522, f
+    registry = _registry()
+    student = registry.build_student("kimcnn", registry.student_config("kimcnn", {}), 3000)
+    registry.save_student(student, "kimcnn", tmp_path / "s", {"task": "sst2"})
+    s_path = export_onnx(load_torch_model(str(tmp_path / "s")), tmp_path / "s.onnx")
+    assert _onnx_vocab(quantize_int8(s_path, tmp_path / "s8.onnx")) == _onnx_vocab(s_path) == 3000
