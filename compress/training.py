@@ -97,6 +97,10 @@ class TrainHook:
         """Return a loss to replace the model's own, or None to keep it."""
         return None
 
+    def on_after_backward(self, model) -> None:
+        """Called after the backward pass, before gradient clipping and the optimizer step
+        (pruning hooks zero the gradients of pruned weights here)."""
+
     def on_step_end(self, model, step: int) -> None:
         """Called after every optimizer step (masks are re-applied here)."""
 
@@ -346,6 +350,8 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                     loss = h.compute_loss(model, batch, outputs) if loss is None else loss
                 loss = outputs.loss if loss is None else loss
             accelerator.backward(loss)
+            for h in hooks:
+                h.on_after_backward(hooked)
             if cfg.max_grad_norm:
                 clipped = [*model.parameters(), *extra_params] if extra_params else model.parameters()
                 accelerator.clip_grad_norm_(clipped, cfg.max_grad_norm)

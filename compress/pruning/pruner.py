@@ -43,6 +43,20 @@ def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
         p.masked_fill_(pruned[name] if pruned is not None else ~m, 0.0)
 
 
+@torch.no_grad()
+def mask_grads(params: dict[str, torch.Tensor], pruned: dict[str, torch.Tensor]) -> None:
+    """Zero the gradients of pruned weights (``pruned``: True where pruned), as a forward pass
+    through ``weight * mask`` would (Gordon et al.'s TensorFlow pruning), so that they neither count
+    in the clipped gradient norm nor feed the optimizer's moments."""
+    for name, neg in pruned.items():
+        g = params[name].grad
+        if g is None:
+            continue
+        if neg.device != g.device:
+            neg = pruned[name] = neg.to(g.device)
+        g.masked_fill_(neg, 0.0)
+
+
 class MagnitudePruner:
     """Unstructured pruning of ``params`` (canonical name -> parameter) on ``schedule``.
 
@@ -93,6 +107,11 @@ class MagnitudePruner:
                                                   or step > self.last_pruned_step):
             self._prune(step)
         self.apply_masks()
+
+    def mask_grads(self) -> None:
+        if self.phase == "new":
+            raise PrunerStateError("mask_grads() before initialize()")
+        mask_grads(self.params, self._pruned)
 
     def apply_masks(self) -> None:
         if self.phase == "new":
@@ -180,6 +199,9 @@ class PruningHook(TrainHook):
         if self.pruner.phase == "new":
             self.pruner.initialize()
 
+    def on_after_backward(self, model) -> None:
+        self.pruner.mask_grads()
+
     def on_step_end(self, model, step: int) -> None:
         self.pruner.step(step)
         self.guard(self.pruner.params, self.pruner.masks, step)
@@ -210,6 +232,9 @@ class KeepMasksHook(TrainHook):
     def on_train_begin(self, model, total_steps: int) -> None:
         self.guard.total = total_steps
         apply_masks(self.params, self.masks, self._pruned)
+
+    def on_after_backward(self, model) -> None:
+        mask_grads(self.params, self._pruned)
 
     def on_step_end(self, model, step: int) -> None:
         apply_masks(self.params, self.masks, self._pruned)

@@ -19,7 +19,7 @@ from compress.pruning.pruner import (
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule
 from compress.pruning.targets import select_targets
 from compress.tasks.classification import load_sample
-from compress.training import TrainConfig, encode, train
+from compress.training import TrainConfig, TrainHook, encode, train
 
 
 def _model(seed=0, hidden=64, layers=2):
@@ -215,3 +215,35 @@ def test_masks_follow_their_parameters_device():
     cpu = {"w": torch.rand(4, 4) > 0.5}
     apply_masks({"w": w}, cpu)  # without the negated masks too
     assert cpu["w"].device.type == "meta"
+
+
+def test_pruned_weights_get_no_gradient_before_clipping(tiny_bert):
+    # Each hook sees the gradients between backward and the optimizer step: those of pruned weights
+    # are zero there (they would otherwise count in the clipped norm), the others are untouched.
+    seen = []
+
+    class Probe(TrainHook):
+        def __init__(self, params, masks):
+            self.params, self.masks = params, masks
+
+        def on_after_backward(self, model):
+            grads = {n: p.grad.detach().clone() for n, p in self.params.items() if p.grad is not None}
+            seen.append(sum(int(g[~self.masks[n]].count_nonzero()) for n, g in grads.items()))
+            seen.append(sum(int(g[self.masks[n]].count_nonzero()) for n, g in grads.items()))
+
+    def hooks(model, masks):
+        keep = KeepMasksHook(model, masks, {})
+        return [keep, Probe(keep.params, masks)]  # the probe runs after the pruning hook
+
+    _train_with(hooks, tiny_bert, steps=3)
+    pruned_nonzero, kept_nonzero = seen[0::2], seen[1::2]
+    assert pruned_nonzero == [0, 0, 0] and all(k > 1000 for k in kept_nonzero)
+
+    p = MagnitudePruner({"w": torch.nn.Parameter(torch.tensor([[1.0, -3.0], [0.5, 2.0]]))},
+                        OneShotSchedule(0.5))
+    with pytest.raises(PrunerStateError):
+        p.mask_grads()
+    p.initialize()
+    p.params["w"].grad = torch.ones(2, 2)
+    p.mask_grads()
+    assert p.params["w"].grad.tolist() == [[0.0, 1.0], [0.0, 1.0]]  # 1.0 and 0.5 were pruned
