@@ -271,11 +271,14 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
         # Pruning the dense model is deterministic and cheap, so a resumed run redoes it (the
         # recovery checkpoints hold the structured model's shapes and the masks); its score is kept.
         structured, before_recovery = None, None
+        # A one-shot prune at step 0 happens now, so the unrecovered model can be scored; with
+        # --prune-start N > 0 it happens N recovery steps in, and there is no such score (None).
+        oneshot_now = cfg.schedule == "oneshot" and not cfg.prune_start
         if cfg.structured:
             structured = run_structured(model, cfg)
-        elif cfg.schedule == "oneshot":
-            hooks[0].on_train_begin(model, n_recover)  # prune now, to score the model unrecovered
-        if cfg.structured or cfg.schedule == "oneshot":
+        elif oneshot_now:
+            hooks[0].on_train_begin(model, n_recover)
+        if cfg.structured or oneshot_now:
             pruned = run.phase_results("pruned")
             if pruned is None:
                 pruned = {"eval": evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,

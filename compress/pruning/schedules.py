@@ -97,11 +97,11 @@ def make_schedule(name: str, final_sparsity: float, total_steps: int, prune_step
     """
     if name not in SCHEDULES:
         raise UsageError(f"unknown schedule '{name}'; choose one of: {', '.join(SCHEDULES)}")
-    if name == "oneshot":
-        return OneShotSchedule(final_sparsity, start_step)
-    if start_step >= total_steps and total_steps > 0:
+    if start_step >= total_steps and total_steps > 0:  # one-shot too: it would prune after training
         raise UsageError(f"--prune-start ({start_step}) must be below the number of training steps "
                          f"({total_steps})")
+    if name == "oneshot":
+        return OneShotSchedule(final_sparsity, start_step)
     span = prune_steps if prune_steps is not None else max(1, (total_steps - start_step) // 2)
     every = prune_every if prune_every is not None else max(1, span // 10)
     return GradualSchedule(final_sparsity, span, every, start_step, initial_sparsity, power)

@@ -118,6 +118,20 @@ def test_stage_after_finetune_global_random(tiny_bert, tmp_path):
     assert pruned == round(0.5 * total)
 
 
+def test_after_finetune_oneshot_later_in_recovery_has_no_unrecovered_score(tiny_bert, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_bert), "--stage", "after-finetune", "--schedule", "oneshot",
+                "--sparsity", "0.5", "--max-steps", "2", "--recovery-steps", "4", "--prune-start", "2",
+                *FAST, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["eval_pruned_before_recovery"] is None  # it would be the dense model's score
+    meta = json.loads((out / "model" / "compress.json").read_text())
+    assert [h["step"] for h in meta["pruning"]["history"]] == [2]  # pruned 2 steps into recovery
+    for name, (zero, mask) in _zero_pattern(out).items():
+        assert zero[~mask].all() and (~mask).float().mean() == pytest.approx(0.5, abs=0.005), name
+
+
 def test_stage_pretrain_then_finetune(tiny_bert, tmp_path, shared_data):
     out = tmp_path / "pre"
     r = run_cli("prune", "--model", str(tiny_bert), "--stage", "pretrain", "--corpus",

@@ -60,6 +60,8 @@ def test_make_schedule_defaults_prune_over_first_half_in_tenths():
     (dict(name="cosine"), "unknown schedule 'cosine'; choose one of: oneshot, gradual"),
     (dict(prune_steps=4, prune_every=5), "--prune-every (5) must not exceed --prune-steps (4)"),
     (dict(final_sparsity=1.0), "--sparsity must be in [0, 1)"),
+    (dict(name="oneshot", start_step=100), "--prune-start (100) must be below the number of training "
+                                           "steps (100)"),
 ])
 def test_bad_schedule_options(kwargs, needle):
     args = dict(name="gradual", final_sparsity=0.4, total_steps=100)
