@@ -137,6 +137,11 @@ def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_ste
     initial = {}
     if (Path(model_dir) / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
         initial, _ = matching_masks(module, load_masks(Path(model_dir) / MASKS_FILE))
+        left_out = sorted(n for n, m in initial.items() if n not in targets and not m.all())
+        if left_out:  # the pruner only enforces masks of its targets: these zeros would regrow
+            raise UsageError(f"{model_dir} is pruned in {len(left_out)} matrices that --include/--exclude "
+                             f"leave out ({', '.join(left_out[:2])}); add --include for them so their "
+                             "zeros are kept")
     pruner = MagnitudePruner(targets, factory(n_steps), cfg.criterion, cfg.scope, cfg.seed, initial)
     return pruner, _ScheduledPruningHook(pruner, module, factory)
 

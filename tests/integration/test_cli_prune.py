@@ -285,6 +285,17 @@ def test_repruning_a_pruned_model_on_squad_and_reqa_saves_the_new_masks(pruned_r
         assert zeros[~mask].all(), name
 
 
+def test_repruning_with_targets_that_leave_out_pruned_matrices_is_refused(pruned_run, tmp_path):
+    src, _ = pruned_run
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(src), "--sparsity", "0.6", "--exclude", "encoder.layer.0.*",
+                "--max-steps", "2", *FAST, "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    err = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert len(err) == 1 and "leave out (encoder.layer.0." in err[0] and "add --include" in err[0], r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
 def test_prune_structured_on_squad_is_refused(tiny_bert, tmp_path):
     write_tiny_squad(tmp_path)
     out = tmp_path / "run"
