@@ -242,14 +242,20 @@ def test_qa_and_retrieval_finetune_of_pruned_model_keep_pattern(pruned_run, tmp_
         assert torch.equal(after[name][0], before[name][0]), name
 
 
+def _prune_on_tiny_squad(model, task: str, tmp_path, out, sparsity: str, steps: str):
+    """``compress prune`` of ``model`` on a tiny SQuAD file (squad or reqa), checked to succeed."""
+    write_tiny_squad(tmp_path)
+    r = run_cli("prune", "--model", str(model), "--task", task, "--data-dir", str(tmp_path),
+                "--split-by-article", "2/1", "--sparsity", sparsity, "--max-steps", steps,
+                "--batch-size", "4", "--max-length", "48", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 @pytest.mark.parametrize("task", ["squad", "reqa"])
 def test_prune_while_finetuning_on_squad_and_reqa(tiny_bert, tmp_path, task):
-    write_tiny_squad(tmp_path)
     out = tmp_path / "run"
-    r = run_cli("prune", "--model", str(tiny_bert), "--task", task, "--data-dir", str(tmp_path),
-                "--split-by-article", "2/1", "--sparsity", "0.4", "--max-steps", "6", "--batch-size", "4",
-                "--max-length", "48", "--out", str(out))
-    assert r.returncode == 0, r.stderr
+    r = _prune_on_tiny_squad(tiny_bert, task, tmp_path, out, "0.4", "6")
     assert "global" in r.stdout and f"run folder: {out}" in r.stdout
     rep = json.loads((out / "sparsity.json").read_text())
     for name, m in rep["matrices"].items():
@@ -266,12 +272,8 @@ def test_prune_while_finetuning_on_squad_and_reqa(tiny_bert, tmp_path, task):
 @pytest.mark.parametrize("task", ["squad", "reqa"])
 def test_repruning_a_pruned_model_on_squad_and_reqa_saves_the_new_masks(pruned_run, tmp_path, task):
     src, _ = pruned_run  # 40% sparse
-    write_tiny_squad(tmp_path)
     out = tmp_path / "run"
-    r = run_cli("prune", "--model", str(src), "--task", task, "--data-dir", str(tmp_path),
-                "--split-by-article", "2/1", "--sparsity", "0.7", "--max-steps", "4", "--batch-size", "4",
-                "--max-length", "48", "--out", str(out))
-    assert r.returncode == 0, r.stderr
+    _prune_on_tiny_squad(src, task, tmp_path, out, "0.7", "4")
     new, root = load_file(str(out / "model" / "masks.safetensors")), load_file(str(out / "masks.safetensors"))
     old = load_file(str(src / "model" / "masks.safetensors"))
     assert new.keys() == root.keys() and all(torch.equal(new[k], root[k]) for k in new)
