@@ -65,6 +65,18 @@ def resolve_provider(name: str | None, available: list[str] | None = None) -> st
     return full
 
 
+def session_providers(provider: str) -> list:
+    """The ``providers`` argument of an InferenceSession for ``provider``. The CUDA provider runs
+    float32 GEMMs in TF32 on Ampere and later GPUs unless ``use_tf32`` is 0 (onnxruntime PR 19357);
+    PyTorch's float32 matmuls do not use TF32 by default, so it is turned off: an fp32 row is float32
+    on both sides of a comparison, and the 1e-4 parity check compares like with like."""
+    if provider == "CPUExecutionProvider":
+        return [provider]
+    if provider == "CUDAExecutionProvider":
+        return [(provider, {"use_tf32": "0"}), "CPUExecutionProvider"]
+    return [provider, "CPUExecutionProvider"]
+
+
 class OrtModel:
     """An ONNX model in an onnxruntime session, called like the torch model.
 
@@ -85,8 +97,7 @@ class OrtModel:
         opts.log_severity_level = 3
         if threads:
             opts.intra_op_num_threads = threads
-        providers = [self.provider] if self.provider == "CPUExecutionProvider" else [
-            self.provider, "CPUExecutionProvider"]
+        providers = session_providers(self.provider)
         try:
             disabled = list(CPU_DISABLED_OPTIMIZERS) if self.provider == "CPUExecutionProvider" else None
             self.session = ort.InferenceSession(str(p), sess_options=opts, providers=providers,

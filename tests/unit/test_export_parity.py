@@ -19,7 +19,7 @@ from compress.export.onnx import (
     quantize_int8,
     wrap_module,
 )
-from compress.export.ort import OrtModel, resolve_provider
+from compress.export.ort import OrtModel, resolve_provider, session_providers
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -249,6 +249,16 @@ def test_not_a_model(tmp_path):
         load_torch_model(str(tmp_path))
     with pytest.raises(UsageError, match="is an ONNX file"):
         load_torch_model(str(junk))
+
+
+def test_cuda_sessions_run_float32_without_tf32():
+    # onnxruntime's CUDA provider defaults to TF32 GEMMs, PyTorch's fp32 matmul does not: an fp32
+    # comparison or a 1e-4 parity check on an Ampere/Hopper GPU would not compare like with like.
+    assert session_providers("CUDAExecutionProvider") == [
+        ("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert session_providers("CPUExecutionProvider") == ["CPUExecutionProvider"]
+    if torch.cuda.is_available():
+        assert not torch.backends.cuda.matmul.allow_tf32  # the PyTorch side of the comparison
 
 
 def test_provider_validation():
