@@ -227,13 +227,15 @@ def _section_pretrain_loss(data, out_dir: Path) -> list[str]:
 def _section_fit(data, out_dir: Path) -> list[str]:
     loss_of = {p["cell"]: p["loss"] for p in data["pretrain"]}
     best = A.best_metric(data["downstream"])
-    points: dict[str, list[tuple[float, float, str]]] = {}
+    # keyed by cell: the shared dense cell is a row of each variant but one point of the fit
+    by_cell: dict[str, dict[str, tuple[float, float, str]]] = {}
     for r in data["downstream"]:
         if r["pretrain"] in loss_of and r["variant"] in ("magnitude", "random"):
             b = best[(r["task"], r["variant"], r["sparsity"])]
             if b["lr"] == r["lr"]:
-                points.setdefault(r["task"], []).append((loss_of[r["pretrain"]], b["score"], r["variant"]))
-    points = {t: sorted(set(p)) for t, p in points.items()}
+                by_cell.setdefault(r["task"], {}).setdefault(
+                    r["cell"], (loss_of[r["pretrain"]], b["score"], r["variant"]))
+    points = {t: sorted(p.values()) for t, p in by_cell.items()}
     if not any(len({x for x, _, _ in p}) >= 2 for p in points.values()):
         return []
     md = ["## Downstream metric vs pre-training loss (Gordon et al. Figure 2 left)", ""]

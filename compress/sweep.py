@@ -186,8 +186,10 @@ class Cell:
 
 
 def percent(s: float) -> str:
-    """``0.4`` -> ``'40'``, ``0.125`` -> ``'12.5'``: sparsity in a cell name."""
-    return f"{100 * s:.4g}"
+    """``0.4`` -> ``'40'``, ``0.125`` -> ``'12.5'``: sparsity in a cell name. Six significant
+    digits hold every sparsity ``parse_sparsities`` keeps (6 decimals), so distinct sparsities
+    never share a cell."""
+    return f"{100 * s:.6g}"
 
 
 def lr_tag(lr: float) -> str:

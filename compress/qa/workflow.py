@@ -93,13 +93,15 @@ def predict_spans(model, tokenizer, feats: list[dict], batch_size: int) -> tuple
 
 def evaluate_qa(model, tokenizer, ds: QADataset, max_length: int, doc_stride: int, n_best: int = 20,
                 max_answer_length: int = 30, batch_size: int = 64) -> tuple[dict, dict[str, str]]:
-    """Official EM/F1 (percent) of ``model`` on ``ds``; the score is F1. Returns (metrics, predictions)."""
+    """Official EM/F1 (percent, as the SQuAD script reports them) of ``model`` on ``ds``; ``score``
+    is F1 as a fraction, the scale of every other task's score (reports and sweeps multiply by
+    100). Returns (metrics, predictions)."""
     feats = prepare_eval_features(tokenizer, ds.examples, max_length, doc_stride)
     starts, ends = predict_spans(model, tokenizer, feats, batch_size)
     preds = postprocess_predictions(ds.examples, feats, starts, ends, n_best, max_answer_length)
     refs = {e.qid: list(e.answers) for e in ds.examples}
     m = squad_scores(preds, refs)
-    m.update({"score": m["f1"], "n": len(ds), "windows": len(feats)})
+    m.update({"score": m["f1"] / 100.0, "n": len(ds), "windows": len(feats)})
     return m, preds
 
 

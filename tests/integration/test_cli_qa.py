@@ -73,6 +73,8 @@ def test_skip_bad_examples_then_eval_reproduces_f1(tiny_bert, tmp_path):
     again = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert again["eval"]["f1"] == pytest.approx(s["eval"]["f1"])
     assert again["eval"]["exact_match"] == pytest.approx(s["eval"]["exact_match"])
+    # EM/F1 in percent as the SQuAD script gives them; the score a fraction like every task's
+    assert s["eval"]["score"] == pytest.approx(s["eval"]["f1"] / 100) and 0 <= s["eval"]["score"] <= 1
 
 
 @pytest.mark.parametrize("args, code, needle", [

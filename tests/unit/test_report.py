@@ -129,6 +129,7 @@ def test_sweep_report_tables_plots_and_csvs(sweep_folder):
     # Figure 2 left: points (2.0, 0.90) and (2.5, 0.84) -> slope -0.12
     fit = _read_csv(sweep_folder / "report" / "metric_vs_pretrain_loss_fit.csv")[0]
     assert float(fit["slope"]) == pytest.approx(-0.12)
+    assert fit["n"] == "2"  # the dense cell is a row of both variants but one point of the fit
     # Figure 2 right: features of the half-zeroed model differ from the dense one past the embeddings
     feats = _read_csv(sweep_folder / "report" / "feature_similarity.csv")
     assert float(feats[0]["cosine"]) == pytest.approx(1.0)  # layer 0 = embeddings, untouched

@@ -105,6 +105,15 @@ def test_plan_shares_dense_cell_and_orders_dependencies(tmp_path):
     assert all(not c.deps for c in plain)
 
 
+def test_close_sparsities_get_cells_of_their_own(tmp_path):
+    plan = build_plan(SweepConfig(sparsities=("0.99991", "0.99994", "0.4"), tasks=("sst2",),
+                                  variants=("magnitude",), lrs=(2e-5,)), tmp_path)
+    pruned = {c.name: c.argv for c in plan if "-s" in c.name}
+    assert sorted(pruned) == ["ft-sst2-magnitude-s40-lr2e-05", "ft-sst2-magnitude-s99.991-lr2e-05",
+                              "ft-sst2-magnitude-s99.994-lr2e-05"]
+    assert "0.99994" in pruned["ft-sst2-magnitude-s99.994-lr2e-05"]
+
+
 def _counts(sweep: Path) -> dict[str, int]:
     return {p.name: len(p.read_text().split()) for p in (sweep / "counts").iterdir()}
 
