@@ -36,22 +36,28 @@ def _from_hub(hub: str, split: str, text: str, pair: str | None, label: str,
     except Exception as exc:  # noqa: BLE001 - any hub failure becomes one actionable line
         raise DataError(f"could not load '{hub}' split '{hub_split}' from the hub "
                         f"({type(exc).__name__}); pass --data-dir with a local copy") from None
+    missing = [c for c in (text, pair, label) if c and c not in ds.column_names]
+    if missing:
+        raise DataError(f"hub dataset '{hub}' split '{hub_split}' has no column {missing[0]!r} (its "
+                        f"columns: {', '.join(ds.column_names)}); pass --data-dir with a local copy")
     pairs = [str(x) for x in ds[pair]] if pair else None
     labels = [check_label(v, label_names, f"hub {hub}") for v in ds[label]]
     return TextDataset([str(x) for x in ds[text]], labels, label_names, pairs)
 
 
 def glue_loader(dirs: tuple[str, ...], labels: tuple[str, ...], text: str, pair: str | None,
-                label: str, hub: str, headerless: tuple[int, int | None, int] | None = None):
+                label: str, hub: str, headerless: tuple[int, int | None, int] | None = None,
+                hub_columns: tuple[str, str | None, str] | None = None):
     """A loader for a GLUE-style TSV task.
 
     ``headerless`` gives (text, pair, label) column indices for files without a header row, as in
-    the original CoLA distribution.
+    the original CoLA distribution. ``hub_columns`` names (text, pair, label) in the hub dataset
+    where they differ from the TSV header (MRPC: ``#1 String`` locally, ``sentence1`` on the hub).
     """
 
     def load(opts: DataOptions, split: str) -> TextDataset:
         if opts.data_dir is None:
-            return _from_hub(hub, split, text, pair, label, labels)
+            return _from_hub(hub, split, *(hub_columns or (text, pair, label)), labels)
         path = _split_file(task_folder(opts, dirs, ("train.tsv", "dev.tsv")), split, ("tsv",))
         first = read_text(path, "utf-8-sig").split("\n", 1)[0].split("\t")
         has_header = label in first or (text in first)

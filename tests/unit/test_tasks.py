@@ -153,6 +153,29 @@ def test_hub_fallback_reads_a_hub_style_dataset(monkeypatch, tmp_path):
     assert ds.texts == ["nice", "awful"] and ds.labels == [1, 0]
 
 
+def _hub_from_csv(monkeypatch, tmp_path, text: str):
+    import datasets
+
+    (tmp_path / "v.csv").write_text(text)
+    real_load = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None, split=None: real_load(
+        "csv", data_files=str(tmp_path / "v.csv"), split="train"))
+
+
+def test_mrpc_hub_columns_differ_from_its_tsv_header(monkeypatch, tmp_path):
+    # nyu-mll/glue:mrpc has sentence1/sentence2/label where the GLUE TSV has #1 String/#2 String/Quality
+    _hub_from_csv(monkeypatch, tmp_path,
+                  "sentence1,sentence2,label,idx\nA cat.,A feline.,1,0\nHi.,Bye.,0,1\n")
+    ds = load_split(get_task("mrpc"), DataOptions(None), "dev")
+    assert ds.texts == ["A cat.", "Hi."] and ds.pairs == ["A feline.", "Bye."] and ds.labels == [1, 0]
+
+
+def test_hub_dataset_without_the_expected_column_is_one_clear_error(monkeypatch, tmp_path):
+    _hub_from_csv(monkeypatch, tmp_path, "text,label\nnice,1\n")
+    with pytest.raises(DataError, match=r"has no column 'sentence' \(its columns: text, label\).*--data-dir"):
+        load_split(get_task("sst2"), DataOptions(None), "train")
+
+
 # ---- a few real rows from ../shared/data -------------------------------------------------------
 
 REAL = {  # task -> (train size, eval size) as published / documented in shared/data/README.md
