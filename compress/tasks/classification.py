@@ -4,6 +4,7 @@ the bundled sample, and generic CSV/JSONL files."""
 from __future__ import annotations
 
 import csv
+import itertools
 from importlib import resources
 from pathlib import Path
 
@@ -117,20 +118,21 @@ MOVIE_LABELS = ("neg", "pos")
 
 def load_movie_reviews(opts: DataOptions, split: str) -> TextDataset:
     """Pang & Lee polarity v2: ``pos/`` and ``neg/`` folders of .txt files. No official split:
-    files sorted by name, every fifth (index % 5 == 4) is dev, giving 1,600/400."""
+    files sorted by name, every fifth (index % 5 == 4) is dev, giving 1,600/400. The two classes
+    alternate (neg, pos, neg, ...), so that the first N of ``--train-limit``/``--eval-limit`` hold
+    both; read folder by folder, any N up to 800 would be all negative."""
     if opts.data_dir is None:
         raise DataError("movie_reviews has no hub copy; pass --data-dir with pos/ and neg/ folders")
     folder = task_folder(opts, ("movie_reviews", "movie_reviews_polarity_v2"), ("pos", "neg"))
-    texts, ys = [], []
+    per_class = []
     for y, name in enumerate(MOVIE_LABELS):
         files = sorted((folder / name).glob("*.txt"))
         if not files:
             raise DataError(f"no .txt files in {folder / name}")
-        for i, f in enumerate(files):
-            if (i % 5 == 4) == (split in ("dev", "test")):
-                texts.append(" ".join(read_text(f).split()))
-                ys.append(y)
-    return TextDataset(texts, ys, MOVIE_LABELS)
+        per_class.append([(f, y) for i, f in enumerate(files) if (i % 5 == 4) == (split in ("dev", "test"))])
+    order = [fy for group in itertools.zip_longest(*per_class) for fy in group if fy is not None]
+    return TextDataset([" ".join(read_text(f).split()) for f, _ in order], [y for _, y in order],
+                       MOVIE_LABELS)
 
 
 SAMPLE_LABELS = ("negative", "positive")

@@ -192,6 +192,8 @@ def test_task_loads_real_data(shared_data, name):
     ev = load_split(spec, opts, spec.eval_split)
     assert (len(train), len(ev)) == REAL[name]
     assert all(train.texts[:20]) and len(set(map(str, train.labels))) > 1
+    # --train-limit/--eval-limit take the first N: those must not be a single class
+    assert len(set(map(str, train.labels[:200]))) > 1 and len(set(map(str, ev.labels[:200]))) > 1
 
 
 def test_reuters_real_label_set(shared_data):
