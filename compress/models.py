@@ -111,7 +111,26 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _hub_error(spec, exc) from None
+    if saved is not None and not same_head:
+        # Trained for other labels: ignore_mismatched_sizes only re-creates a head whose shape
+        # differs, and an SST-2 head (2 labels) would carry over to RTE (2 labels).
+        fresh_head(model)
     return model, load_tokenizer(spec), meta
+
+
+def fresh_head(model) -> None:
+    """Re-initialise every Linear layer outside the encoder (``model.base_model``), as
+    ``from_pretrained`` initialises a head it does not find: N(0, initializer_range), bias 0."""
+    import torch
+
+    encoder = {id(m) for m in model.base_model.modules()}
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and id(module) not in encoder:
+                module.weight.normal_(0.0, std)
+                if module.bias is not None:
+                    module.bias.zero_()
 
 
 def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:

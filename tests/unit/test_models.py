@@ -46,3 +46,25 @@ def test_fresh_head_and_strict_labels(tiny_bert):
     assert meta == {}
     with pytest.raises(ModelError, match="not fine-tuned by compress"):
         load_classifier(str(tiny_bert), ("neg", "pos"), strict_labels=True)
+
+
+def test_a_head_trained_for_other_labels_is_not_carried_over(tiny_bert, tmp_path):
+    # SST-2 (negative/positive) and RTE (entailment/not_entailment) both have 2 labels: the
+    # head's shape matches, so only the saved label names tell that it belongs to another task.
+    import torch
+
+    from compress.models import save_model
+
+    model, tok, _ = load_classifier(str(tiny_bert), ("negative", "positive"))
+    with torch.no_grad():
+        model.classifier.weight.fill_(7.0)
+        model.classifier.bias.fill_(7.0)
+        encoder_w = model.bert.encoder.layer[0].attention.self.query.weight.clone()
+    save_model(model, tok, tmp_path / "sst2", {"label_names": ["negative", "positive"]})
+    same, _, _ = load_classifier(str(tmp_path / "sst2"), ("negative", "positive"))
+    assert (same.classifier.weight == 7).all() and (same.classifier.bias == 7).all()  # same task: kept
+    other, _, _ = load_classifier(str(tmp_path / "sst2"), ("entailment", "not_entailment"))
+    w = other.classifier.weight
+    assert not (w == 7).any() and (other.classifier.bias == 0).all()
+    assert 0 < w.std().item() < 0.1  # N(0, initializer_range = 0.02)
+    assert torch.equal(other.bert.encoder.layer[0].attention.self.query.weight, encoder_w)  # encoder kept
