@@ -86,13 +86,16 @@ AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")
 
 def load_ag_news(opts: DataOptions, split: str) -> TextDataset:
     """AG News: original CSV (class 1-4, title, description, no header); for train, the 10k TSV
-    subset (``description<TAB>class name``) is used when the full ``train.csv`` is absent."""
+    subset (``description<TAB>class name``) is used when the full ``train.csv`` is absent. The
+    model then reads descriptions only, so ``test.csv`` gives descriptions only too; with
+    ``train.csv`` both splits are ``title description``, as the hub copy's ``text``."""
     if opts.data_dir is None:
         return _from_hub("fancyzhx/ag_news", "test" if split == "dev" else split, "text", None,
                          "label", AG_NEWS_LABELS)
     folder = task_folder(opts, ("ag_news",), ("test.csv", "train.csv", "train_subset_10k_alps.tsv"))
     stem = "test" if split in ("dev", "test") else "train"
     path = folder / f"{stem}.csv"
+    with_title = (folder / "train.csv").is_file()  # else training reads the description-only subset
     if path.is_file():
         _, rows = read_delimited(path, ",", header=False)
         texts, ys = [], []
@@ -103,13 +106,14 @@ def load_ag_news(opts: DataOptions, split: str) -> TextDataset:
             if not (cls.isdigit() and 1 <= int(cls) <= 4):
                 raise DataError(f"{path}:{i}: label '{cls}' is not in the label set 1-4")
             ys.append(int(cls) - 1)
-            texts.append(f"{r[1].strip()} {r[2].strip()}".replace("\\", " "))
+            text = f"{r[1].strip()} {r[2].strip()}" if with_title else r[2].strip()
+            texts.append(text.replace("\\", " "))
         return TextDataset(texts, ys, AG_NEWS_LABELS)
     alt = folder / "train_subset_10k_alps.tsv"
     if stem == "train" and alt.is_file():
         _, rows = read_delimited(alt, "\t", header=False, quoting=csv.QUOTE_NONE)
         ys = [check_label(r[-1], AG_NEWS_LABELS, f"{alt}:{i}") for i, r in enumerate(rows, 1)]
-        return TextDataset([r[0].strip() for r in rows], ys, AG_NEWS_LABELS)
+        return TextDataset([r[0].strip().replace("\\", " ") for r in rows], ys, AG_NEWS_LABELS)
     raise DataError(f"no AG News {split} file in {folder}: expected {stem}.csv")
 
 

@@ -215,3 +215,18 @@ def test_qnli_real_dev_and_missing_train(shared_data):
 def test_sst2_real_label_counts(shared_data):
     ev = load_split(get_task("sst2"), DataOptions(shared_data), "dev")
     assert sum(ev.labels) == 444  # positives in GLUE SST-2 dev
+
+
+def test_ag_news_test_text_matches_what_training_reads(tmp_path):
+    folder = tmp_path / "ag_news"
+    folder.mkdir()
+    (folder / "test.csv").write_text('"3","Fears for pension","Unions say they are disappointed."\n')
+    (folder / "train_subset_10k_alps.tsv").write_text("Stocks fell on Monday.\tBusiness\n")
+    opts = DataOptions(tmp_path)
+    # training reads the description-only subset: the test rows are descriptions only too
+    assert load_split(get_task("ag_news"), opts, "train").texts == ["Stocks fell on Monday."]
+    assert load_split(get_task("ag_news"), opts, "dev").texts == ["Unions say they are disappointed."]
+    (folder / "train.csv").write_text('"1","Title here","Body here."\n')
+    assert load_split(get_task("ag_news"), opts, "train").texts == ["Title here Body here."]
+    with_title = load_split(get_task("ag_news"), opts, "dev").texts
+    assert with_title == ["Fears for pension Unions say they are disappointed."]
