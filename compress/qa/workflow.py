@@ -160,8 +160,11 @@ def eval_qa(cfg) -> dict:
     data = load_qa_data(cfg, ("dev",))
     model, tokenizer, meta = load_qa_model(cfg.model, require_finetuned=True)
     max_length = cfg.max_length or meta.get("max_length", 384)
-    doc_stride = effective_doc_stride(cfg, max_length) if cfg.doc_stride is not None else \
-        meta.get("doc_stride", max_length // 3)
+    if cfg.doc_stride is not None:
+        doc_stride = effective_doc_stride(cfg, max_length)
+    else:  # the trained stride, unless a shorter --max-length leaves it no room (then the default)
+        saved = meta.get("doc_stride")
+        doc_stride = saved if saved is not None and saved < max_length // 2 else max_length // 3
     if torch.cuda.is_available():
         model.to("cuda")
     with RunDir("eval", name=spec.name, out=cfg.out) as run:

@@ -73,6 +73,14 @@ def test_skip_bad_examples_then_eval_reproduces_f1(tiny_bert, tmp_path):
     again = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert again["eval"]["f1"] == pytest.approx(s["eval"]["f1"])
     assert again["eval"]["exact_match"] == pytest.approx(s["eval"]["exact_match"])
+    # a shorter --max-length than training's (48, stride 16) takes a stride that fits it (20 // 3);
+    # the trained stride would leave a window no new context and the tokenizer would refuse it
+    r3 = run_cli("eval", "--task", "squad", "--data-dir", str(data), "--split-by-article", "2/1",
+                 "--skip-bad-examples", "--model", str(out), "--max-length", "20",
+                 "--out", str(tmp_path / "e20"))
+    assert r3.returncode == 0, r3.stderr
+    short = json.loads((tmp_path / "e20" / "summary.json").read_text())["eval"]
+    assert short["windows"] > s["eval"]["windows"]
     # EM/F1 in percent as the SQuAD script gives them; the score a fraction like every task's
     assert s["eval"]["score"] == pytest.approx(s["eval"]["f1"] / 100) and 0 <= s["eval"]["score"] <= 1
 
