@@ -3,10 +3,10 @@ into simple neural networks", section 3.3.
 
 Each operator is a pure function of its input and a seeded ``random.Random``:
 
-- ``mask_words``: each word becomes the mask token with probability ``p`` (0.1);
-- ``pos_replace``: each word is, with probability ``p`` (0.1), replaced by a word of the same
-  part-of-speech tag drawn from the corpus unigram distribution of that tag (NLTK's perceptron
-  tagger, Penn Treebank tags);
+- ``mask_and_replace``: one uniform draw X per word: X < p_mask (0.1) -> the mask token;
+  p_mask <= X < p_mask + p_pos (0.1) -> another word with the same part-of-speech tag, drawn from
+  the corpus unigram distribution of that tag (NLTK's perceptron tagger, Penn Treebank tags);
+  punctuation is never POS-replaced;
 - ``ngram_sample``: keep a random window of ``n`` units, ``n`` uniform in 1..max_n (5). Units are
   words for a single sentence and sentences for a multi-sentence document (a 5-word fragment of a
   news article is not a useful transfer example);
@@ -14,13 +14,18 @@ Each operator is a pure function of its input and a seeded ``random.Random``:
 
 ``augment_texts`` applies them in Tang's order (word-level masking and replacement on every copy,
 then n-gram sampling with probability ``p_ngram``), plus sentence shuffling with probability
-``p_shuffle`` for documents. Augmented examples carry only teacher labels.
+``p_shuffle`` for documents. A copy that comes out identical to its example is drawn again (up to
+``MAX_REDRAWS`` times): it would only repeat the example. Words are split from punctuation
+(``movie,`` -> ``movie ,``) before tagging, so tags and replacements see bare words; BERT's
+tokenizer splits punctuation anyway, so the spacing this leaves does not change the tokens.
+Augmented examples carry only teacher labels; the two sides of a pair are augmented independently.
 """
 
 from __future__ import annotations
 
 import bisect
 import random
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -68,13 +73,22 @@ def require_nltk_data() -> None:
 
 Tagged = list[list[tuple[str, str]]]  # sentences of (word, tag)
 
+# a word (with inner apostrophes: it's, don't) or a run of punctuation
+_TOKEN = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]+")
+MAX_REDRAWS = 10
+
+
+def split_words(sentence: str) -> list[str]:
+    """``'A gripping, funny film.'`` -> ``['A', 'gripping', ',', 'funny', 'film', '.']``."""
+    return _TOKEN.findall(sentence)
+
 
 def tag_texts(texts: list[str]) -> list[Tagged]:
-    """Split each text into sentences (Punkt) and whitespace words, and POS-tag every sentence."""
+    """Split each text into sentences (Punkt) and words (``split_words``), and POS-tag them."""
     import nltk
 
     require_nltk_data()
-    sents_per_text = [[s.split() for s in nltk.sent_tokenize(t)] or [t.split()] for t in texts]
+    sents_per_text = [[split_words(s) for s in nltk.sent_tokenize(t)] or [split_words(t)] for t in texts]
     flat = [s for sents in sents_per_text for s in sents]
     tagged_flat = nltk.pos_tag_sents(flat)
     out, i = [], 0
@@ -103,25 +117,35 @@ class TagUnigrams:
                 cum.append(total)
             self.words[tag], self.cum[tag] = words, cum
 
-    def sample(self, tag: str, rng: random.Random) -> str | None:
-        if tag not in self.words:
+    def sample(self, tag: str, rng: random.Random, exclude: str | None = None) -> str | None:
+        """A corpus word with ``tag``, by its count; never ``exclude`` (None when the tag has no
+        other word)."""
+        if tag not in self.words or self.words[tag] == [exclude]:
             return None
         cum = self.cum[tag]
-        return self.words[tag][bisect.bisect_right(cum, rng.random() * cum[-1])]
+        while True:
+            w = self.words[tag][bisect.bisect_right(cum, rng.random() * cum[-1])]
+            if w != exclude:
+                return w
 
 
 # -- operators ----------------------------------------------------------------------------------
-def mask_words(words: list[str], rng: random.Random, p: float = 0.1, mask_token: str = "[MASK]"
-               ) -> list[str]:
-    return [mask_token if rng.random() < p else w for w in words]
+def is_word_tag(tag: str) -> bool:
+    """Penn Treebank tags of words start with a letter; punctuation tags (, . : `` '' ( ) $ #) do not."""
+    return tag[:1].isalpha()
 
 
-def pos_replace(words: list[str], tags: list[str], rng: random.Random, unigrams: TagUnigrams,
-                p: float = 0.1, skip: str = "[MASK]") -> list[str]:
+def mask_and_replace(words: list[str], tags: list[str], rng: random.Random, unigrams: TagUnigrams,
+                     p_mask: float = 0.1, p_pos: float = 0.1, mask_token: str = "[MASK]") -> list[str]:
+    """One draw X per word: X < p_mask masks it, p_mask <= X < p_mask + p_pos replaces a word by
+    another of its tag (kept when the corpus has no other), otherwise it stays."""
     out = []
     for w, t in zip(words, tags):
-        if w != skip and rng.random() < p:
-            w = unigrams.sample(t, rng) or w
+        x = rng.random()
+        if x < p_mask:
+            w = mask_token
+        elif x < p_mask + p_pos and is_word_tag(t):
+            w = unigrams.sample(t, rng, exclude=w) or w
         out.append(w)
     return out
 
@@ -150,9 +174,8 @@ def augment_one(tagged: Tagged, rng: random.Random, unigrams: TagUnigrams, cfg: 
     for sent in sents:
         words = [w for w, _ in sent]
         tags = [t for _, t in sent]
-        words = mask_words(words, rng, cfg.p_mask, cfg.mask_token)
-        words = pos_replace(words, tags, rng, unigrams, cfg.p_pos, cfg.mask_token)
-        new_sents.append(words)
+        new_sents.append(mask_and_replace(words, tags, rng, unigrams, cfg.p_mask, cfg.p_pos,
+                                          cfg.mask_token))
     if rng.random() < cfg.p_ngram:
         if len(new_sents) > 1:
             new_sents = ngram_sample(new_sents, rng, cfg.max_ngram)
@@ -173,9 +196,19 @@ def augment_texts(texts: list[str], pairs: list[str] | None, cfg: AugmentConfig
     rng = random.Random(cfg.seed)
     out_t: list[str] = []
     out_p: list[str] | None = [] if pairs is not None else None
+    def joined(tg: Tagged) -> str:  # what augment_one returns when nothing changed
+        return " ".join(w for sent in tg for w, _ in sent)
+
     for i, tg in enumerate(tagged):
+        side = tagged_pairs[i] if tagged_pairs is not None else None
+        same = (joined(tg), joined(side) if side is not None else None)
         for _ in range(cfg.copies):
-            out_t.append(augment_one(tg, rng, unigrams, cfg))
-            if out_p is not None and tagged_pairs is not None:
-                out_p.append(augment_one(tagged_pairs[i], rng, unigrams, cfg))
+            for _ in range(MAX_REDRAWS):
+                copy = (augment_one(tg, rng, unigrams, cfg),
+                        augment_one(side, rng, unigrams, cfg) if side is not None else None)
+                if copy != same:
+                    break
+            out_t.append(copy[0])
+            if out_p is not None:
+                out_p.append(copy[1])
     return out_t, out_p

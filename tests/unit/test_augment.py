@@ -11,11 +11,11 @@ from compress.distill.augment import (
     AugmentConfig,
     TagUnigrams,
     augment_texts,
-    mask_words,
+    mask_and_replace,
     ngram_sample,
-    pos_replace,
     require_nltk_data,
     shuffle_sentences,
+    split_words,
     tag_texts,
 )
 from compress.errors import DataError, UsageError
@@ -23,47 +23,55 @@ from compress.errors import DataError, UsageError
 WORDS = "the film is a quiet and moving portrait of grief".split()
 
 
-def test_mask_words_replays_the_seeded_draws():
-    out = mask_words(WORDS, random.Random(7), p=0.3, mask_token="[MASK]")
-    draws = random.Random(7)
-    expected = ["[MASK]" if draws.random() < 0.3 else w for w in WORDS]
-    assert out == expected
-    assert out == mask_words(WORDS, random.Random(7), p=0.3)  # deterministic
-    assert mask_words(WORDS, random.Random(7), p=0.0) == WORDS
-    assert mask_words(WORDS, random.Random(7), p=1.0) == ["[MASK]"] * len(WORDS)
-
-
-def test_mask_rate_is_p():
-    words = ["w"] * 20000
-    rate = mask_words(words, random.Random(1), p=0.1).count("[MASK]") / len(words)
-    assert 0.09 < rate < 0.11  # binomial sd 0.002
-
-
 def _unigrams():
     tagged = [[[("cat", "NN"), ("runs", "VBZ")], [("cat", "NN"), ("sleeps", "VBZ")]],
-              [[("dog", "NN"), ("cat", "NN")]]]
-    return TagUnigrams(tagged)  # NN: cat 3, dog 1; VBZ: runs 1, sleeps 1
+              [[("dog", "NN"), ("cat", "NN"), ("the", "DT"), (",", ",")]]]
+    return TagUnigrams(tagged)  # NN: cat 3, dog 1; VBZ: runs 1, sleeps 1; DT: the 1; ",": "," 1
 
 
-def test_tag_unigrams_sample_follows_corpus_counts():
+def test_tag_unigrams_sample_follows_corpus_counts_and_excludes_the_word():
     u = _unigrams()
     rng = random.Random(0)
     counts = Counter(u.sample("NN", rng) for _ in range(8000))
     assert set(counts) == {"cat", "dog"}
     assert 0.72 < counts["cat"] / 8000 < 0.78  # 3 of 4 NN tokens are "cat"
     assert u.sample("JJ", rng) is None
+    assert {u.sample("NN", rng, exclude="cat") for _ in range(200)} == {"dog"}  # another word
+    assert u.sample("DT", rng, exclude="the") is None  # the tag has no other word
 
 
-def test_pos_replace_keeps_tags_and_skips_masks():
+def test_mask_and_replace_replays_one_draw_per_word():
     u = _unigrams()
-    words = ["bird", "flies", "[MASK]", "fish"]
-    tags = ["NN", "VBZ", "NN", "JJ"]
-    out = pos_replace(words, tags, random.Random(3), u, p=1.0)
-    assert out[0] in {"cat", "dog"} and out[1] in {"runs", "sleeps"}
-    assert out[2] == "[MASK]"  # masked words stay masked
-    assert out[3] == "fish"  # no corpus word has tag JJ: unchanged
-    assert pos_replace(words, tags, random.Random(3), u, p=0.0) == words
-    assert out == pos_replace(words, tags, random.Random(3), u, p=1.0)
+    words, tags = ["bird", "flies", "the", ",", "fish"], ["NN", "VBZ", "DT", ",", "JJ"]
+    out = mask_and_replace(words, tags, random.Random(7), u, p_mask=0.3, p_pos=0.4)
+    draws, expected = random.Random(7), []
+    for w, t in zip(words, tags):
+        x = draws.random()
+        if x < 0.3:
+            w = "[MASK]"
+        elif x < 0.7 and t != ",":
+            w = u.sample(t, draws, exclude=w) or w
+        expected.append(w)
+    assert out == expected and out == mask_and_replace(words, tags, random.Random(7), u, 0.3, 0.4)
+    assert mask_and_replace(words, tags, random.Random(7), u, 0.0, 0.0) == words
+    assert mask_and_replace(words, tags, random.Random(7), u, 1.0, 0.0) == ["[MASK]"] * 5
+    # p_pos 1: every word is replaced by another of its tag where the corpus has one; the DT "the"
+    # has no other word, JJ none at all, and punctuation is never replaced
+    out = mask_and_replace(words, tags, random.Random(1), u, 0.0, 1.0)
+    assert out[0] in {"cat", "dog"} and out[1] in {"runs", "sleeps"} and out[2:] == ["the", ",", "fish"]
+
+
+def test_mask_and_replace_rates_are_exclusive_and_p_each():
+    u = TagUnigrams([[[("a", "NN"), ("b", "NN")]]])
+    words = ["a"] * 40000
+    out = mask_and_replace(words, ["NN"] * len(words), random.Random(1), u, 0.1, 0.1)
+    masked, replaced = out.count("[MASK]") / len(words), out.count("b") / len(words)
+    assert 0.095 < masked < 0.105 and 0.095 < replaced < 0.105  # binomial sd 0.0015
+
+
+def test_split_words_separates_punctuation():
+    assert split_words('A gripping, funny film. It\'s "great"!') == [
+        "A", "gripping", ",", "funny", "film", ".", "It's", '"', "great", '"!']
 
 
 def test_ngram_sample_is_a_window_of_1_to_5():
@@ -90,10 +98,12 @@ def test_shuffle_sentences_is_a_seeded_permutation():
 
 
 def test_tagger_on_real_nltk_data():
-    tagged = tag_texts(["The quick brown fox jumps over the lazy dog .", "It rained. We stayed in."])
+    tagged = tag_texts(["The quick brown fox jumps over the lazy dog .", "It rained. We stayed in.",
+                        "A great movie, however long."])
     assert tagged[0][0][:2] == [("The", "DT"), ("quick", "JJ")]
     assert ("fox", "NN") in tagged[0][0] and ("jumps", "VBZ") in tagged[0][0]
     assert len(tagged[1]) == 2  # two sentences
+    assert ("movie", "NN") in tagged[2][0] and (",", ",") in tagged[2][0]  # not "movie," as a noun
 
 
 def test_augment_texts_counts_determinism_and_pairs():
@@ -107,6 +117,14 @@ def test_augment_texts_counts_determinism_and_pairs():
     out2, pairs2 = augment_texts(texts, ["one", "two"], AugmentConfig(copies=2))
     assert len(out2) == 4 and len(pairs2) == 4
     assert augment_texts(texts, None, AugmentConfig(copies=0)) == ([], None)
+
+
+def test_copies_identical_to_their_example_are_drawn_again():
+    texts = ["a gripping and funny film", "dull , slow and far too long", "one"]
+    out, _ = augment_texts(texts, None, AugmentConfig(copies=10, seed=3, p_ngram=0.0))
+    # p = 0.1 + 0.1 per word: a 6-word copy is unchanged with probability 0.8^6 = 0.26 per draw
+    assert all(o != texts[i // 10] for i, o in enumerate(out[:20]))
+    assert len(out) == 30  # "one" may stay itself after MAX_REDRAWS draws; the count never changes
 
 
 def test_sentence_shuffle_in_documents():
