@@ -101,6 +101,10 @@ def build_mlm_model(encoder):
         mlm = BertForMaskedLM(encoder.config)
     mlm.bert = encoder
     mlm.cls.predictions.decoder.weight = encoder.embeddings.word_embeddings.weight
+    if encoder.pooler is not None:
+        # The MLM loss never reaches the pooler; left trainable, DDP waits for its gradients and
+        # stops on the second step of a multi-process run. Frozen, it is saved unchanged.
+        encoder.pooler.requires_grad_(False)
     return mlm
 
 

@@ -119,3 +119,19 @@ def test_heldout_loss_untrained_head_near_uniform_and_training_masks_vary(tok):
     a, _ = obj.mask(ids)
     b, _ = obj.mask(ids)
     assert not torch.equal(a, b)  # dynamic masking: fresh masks per step
+
+
+def test_every_trainable_parameter_gets_a_gradient_from_the_mlm_loss(tok):
+    # DDP (several processes) stops at the second step when a trainable parameter got no gradient:
+    # the encoder's pooler is not on the MLM loss's path, so it is frozen, not left waiting.
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32)
+    torch.manual_seed(0)
+    obj = MaskedLMObjective(build_mlm_model(BertModel(cfg)), tok)
+    block = make_blocks(tok, ["a quiet river runs past the old mill"] * 40, 32)[0]
+    ids = torch.tensor([block["input_ids"]] * 4)
+    out = obj(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+    out.loss.backward()
+    no_grad = [n for n, p in obj.named_parameters() if p.requires_grad and p.grad is None]
+    assert no_grad == []
+    assert all(not p.requires_grad for p in obj.mlm.bert.pooler.parameters())
