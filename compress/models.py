@@ -105,7 +105,7 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
     )
     if not same_head:
         kwargs["ignore_mismatched_sizes"] = True
-    import compress.pruning.structured  # noqa: F401 - registers the structured-pruned model type
+    register_model_types()
 
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
@@ -116,6 +116,12 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         # differs, and an SST-2 head (2 labels) would carry over to RTE (2 labels).
         fresh_head(model)
     return model, load_tokenizer(spec), meta
+
+
+def register_model_types() -> None:
+    """Make ``compress_bert`` (a structured-pruned BERT: per-layer head and FFN sizes) loadable by
+    the transformers Auto classes; every place that loads a saved model calls this first."""
+    import compress.pruning.structured  # noqa: F401 - registers the type on import
 
 
 def fresh_head(model) -> None:

@@ -27,7 +27,7 @@ from compress.config import check_range, to_dict
 from compress.errors import DataError, UsageError
 from compress.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
 from compress.measure.sparsity import sparsity_report
-from compress.models import load_classifier, load_tokenizer, resolve_model, save_model
+from compress.models import load_classifier, load_tokenizer, register_model_types, resolve_model, save_model
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, load_saved_model, save_masks
 from compress.pruning.masks import get_criterion, get_scope
 from compress.pruning.pruner import MagnitudePruner, PruningHook, add_meta, matching_masks
@@ -332,6 +332,7 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     model_dir = resolve_model(cfg.model)
     tokenizer = load_tokenizer(cfg.model)
     try:
+        register_model_types()
         encoder = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - one line for any loading failure
         raise DataError(f"could not load encoder '{cfg.model}': {type(exc).__name__}: "

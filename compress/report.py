@@ -288,6 +288,9 @@ def _section_features(root: Path, data, out_dir: Path, n_texts: int = 32) -> lis
     from transformers import AutoModel, AutoTokenizer
 
     def load(cell):
+        from compress.models import register_model_types
+
+        register_model_types()
         return AutoModel.from_pretrained(root / cell / "model", use_safetensors=True).eval()
 
     torch.manual_seed(0)

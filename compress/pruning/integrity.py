@@ -64,6 +64,9 @@ def load_saved_model(model_dir: Path):
     meta_file = model_dir / "compress.json"
     meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
     cls = AutoModelForSequenceClassification if meta.get("label_names") else AutoModel
+    from compress.models import register_model_types
+
+    register_model_types()
     return cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from compress.config import to_dict
 from compress.errors import ModelError
-from compress.models import load_tokenizer, read_meta, resolve_model, save_model
+from compress.models import load_tokenizer, read_meta, register_model_types, resolve_model, save_model
 from compress.pruning.pruner import saved_mask_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
 from compress.qa.objectives import make_objective
@@ -46,6 +46,7 @@ def load_qa_model(spec: str, require_finetuned: bool = False):
         raise ModelError(f"model '{spec}' was not fine-tuned on squad (its task is "
                          f"{meta.get('task')!r}); pass a run folder of 'compress finetune --task squad'")
     try:
+        register_model_types()
         model = AutoModelForQuestionAnswering.from_pretrained(path, use_safetensors=True,
                                                               trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line

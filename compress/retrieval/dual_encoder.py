@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.errors import ModelError
-from compress.models import load_tokenizer, read_meta, resolve_model
+from compress.models import load_tokenizer, read_meta, register_model_types, resolve_model
 from compress.training import train
 
 REQA_TASK = "reqa"
@@ -46,6 +46,7 @@ def load_dual_encoder(spec: str, require_finetuned: bool = False):
         raise ModelError(f"model '{spec}' is not a ReQA dual encoder (its task is {meta.get('task')!r}); "
                          "pass a run folder of 'compress finetune --task reqa'")
     try:
+        register_model_types()
         enc = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
         raise ModelError(f"could not load '{spec}' as an encoder ({type(exc).__name__})") from None

@@ -112,6 +112,26 @@ def test_reload_in_fresh_process_gives_identical_logits(tmp_path):
     assert str(model.config.layer_heads) in proc.stdout
 
 
+def test_project_loaders_read_a_structured_model_without_importing_it_first(tmp_path):
+    # `compress verify` / re-pruning load saved models through compress.pruning.integrity and
+    # AutoModel; the compress_bert type must be registered by them, not by an earlier import.
+    model = tiny_classifier()
+    prune_structured(model, 0.4)
+    model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "compress.json").write_text('{"label_names": ["a", "b", "c"]}')
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from compress.pruning.integrity import load_saved_model\n"
+        "assert 'compress.pruning.structured' not in sys.modules\n"
+        f"m = load_saved_model(Path({str(tmp_path / 'm')!r}))\n"
+        "print(type(m).__name__, m.config.layer_heads)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"CompressBertForSequenceClassification {model.config.layer_heads}" in proc.stdout
+
+
 def test_bad_input():
     with pytest.raises(UsageError, match="sparsity"):
         prune_structured(tiny_classifier(), 1.0)
