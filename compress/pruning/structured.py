@@ -3,7 +3,9 @@
 Importance is the L2 magnitude of each group's weights (torch-pruning's ``MagnitudeImportance``
 on the dependency groups its ``MetaPruner`` builds: a head = its Q, K, V rows and the matching
 columns of the attention output projection; an FFN neuron = its intermediate row and output
-column). Ranking is global, so layers keep different head counts and FFN widths. The hidden size
+column), divided by the mean over its layer's groups (torch-pruning's default normalizer), so
+layers are compared on relative, not absolute, magnitudes. Ranking is across layers, so layers
+keep different head counts and FFN widths. The hidden size
 (the residual stream) is never pruned.
 
 Stock BERT cannot load such a model: ``BertConfig`` has one ``intermediate_size`` and one head
@@ -118,7 +120,8 @@ def prune_structured(model: nn.Module, sparsity: float,
 
     ``model`` is a ``BertForSequenceClassification`` or ``BertModel``; afterwards it is the matching
     ``CompressBert*`` class with a ``CompressBertConfig`` recording the per-layer sizes, so
-    ``save_pretrained`` / ``from_pretrained`` round-trip. At least one head per layer is kept.
+    ``save_pretrained`` / ``from_pretrained`` round-trip. A sparsity whose global cut-off would
+    empty a layer is refused (ModelError) rather than left less pruned than asked.
     Returns the sizes before/after and the parameter counts.
     """
     import torch_pruning as tp
@@ -173,6 +176,19 @@ def prune_structured(model: nn.Module, sparsity: float,
     model.train(was_training)
 
     after = layer_sizes(model)
+    # torch-pruning drops a whole group when the global cut-off would empty a layer, which leaves
+    # that layer intact: the model would then be less pruned than asked, silently.
+    for kind, unit in (("heads", "heads"), ("ffn", "FFN neurons")):
+        if kind not in targets:
+            continue
+        total, removed = sum(before[kind]), sum(before[kind]) - sum(after[kind])
+        # a layer kept whole costs at least its share of the cut; the pooled ranking of heads and
+        # FFN neurons moves the FFN count by a few percent, which is allowed
+        slack = max(len(before[kind]), total // len(before[kind]) // 2)
+        if abs(removed - round(sparsity * total)) > slack:
+            raise ModelError(f"structured pruning removed {removed} of {total} {unit}, not the "
+                             f"{sparsity:.0%} asked (the global ranking would have emptied a layer, "
+                             "so torch-pruning kept it whole); use a lower --sparsity")
     for i, lay in enumerate(bert.encoder.layer):
         rows = lay.attention.self.query.out_features
         if rows % head_size:
@@ -192,7 +208,9 @@ def prune_structured(model: nn.Module, sparsity: float,
     params_after = sum(p.numel() for p in model.parameters())
     heads_b, heads_a = sum(before["heads"]), sum(after["heads"])
     ffn_b, ffn_a = sum(before["ffn"]), sum(after["ffn"])
-    return {"targets": list(targets), "sparsity": sparsity, "importance": "magnitude (L2), global",
+    return {"targets": list(targets), "sparsity": sparsity,
+            "importance": "L2 magnitude of each head/neuron divided by its layer's mean (torch-pruning's "
+                          "default normalizer), ranked across layers",
             "layer_heads_before": before["heads"], "layer_heads": after["heads"],
             "layer_ffn_before": before["ffn"], "layer_ffn": after["ffn"],
             "heads_removed": heads_b - heads_a, "heads_removed_fraction": (heads_b - heads_a) / heads_b,

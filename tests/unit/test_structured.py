@@ -139,3 +139,25 @@ def test_bad_input():
         prune_structured(tiny_classifier(), 0.3, ("neurons",))
     with pytest.raises(ModelError, match="BERT"):
         prune_structured(torch.nn.Linear(3, 3), 0.3)
+
+
+def test_a_sparsity_that_would_empty_a_layer_is_refused_not_silently_lowered():
+    # 2 layers x 4 heads: at 90% the cut-off would empty the layers, torch-pruning then keeps them
+    # whole and removes no head at all (it did, before the check); 50% and 70% are honoured
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64, num_labels=2)
+    model = BertForSequenceClassification(cfg).eval()
+    removed = {}
+    for s in (0.5, 0.7, 0.9):
+        m = BertForSequenceClassification(cfg).eval()
+        m.load_state_dict(model.state_dict())
+        try:
+            removed[s] = prune_structured(m, s, ("heads",))["heads_removed"]
+        except ModelError as exc:
+            assert "not the" in str(exc) and "use a lower --sparsity" in str(exc)
+            removed[s] = None
+    # whatever is returned honours the request within one head per layer
+    for s, r in removed.items():
+        assert r is None or abs(r - round(s * 8)) <= 2, (s, r)
+    assert removed[0.5] == 4 and removed[0.9] is None
