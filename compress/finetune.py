@@ -139,13 +139,12 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     if data["train"].multilabel and tuple(meta.get("label_names") or ()) != tuple(labels):
         init_bias_to_prior(model.classifier, data["train"])
-    hooks = list(hook_factory(model)) if hook_factory else []
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
     from compress.models import resolve_model
-    from compress.pruning.pruner import saved_mask_hooks
+    from compress.pruning.pruner import fine_tuning_hooks
 
-    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
-                              others=hooks)
+    hooks = fine_tuning_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
+                              hook_factory)
     name = cfg.name or f"{spec.name}"
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))

@@ -40,13 +40,8 @@ def embedding_width(spec: str, teacher: str) -> int | None:
 
         config = AutoConfig.from_pretrained(resolve_model(teacher))
         return int(getattr(config, "embedding_size", None) or config.hidden_size)
-    with open(spec, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, start=1):
-            parts = line.rstrip().split(" ")
-            if n == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                continue  # word2vec header: count dim
-            if len(parts) >= 2:
-                return len(parts) - 1
+    for _, parts in _vector_lines(Path(spec)):
+        return len(parts) - 1
     raise DataError(f"{spec} holds no vectors (expected 'word v1 v2 ...' lines)")
 
 
@@ -57,25 +52,31 @@ def check_embed_dim(options: dict, width: int | None) -> None:
                          "embeddings; drop embed_dim or use --student-embeddings random")
 
 
-def read_vectors(path: Path) -> dict[str, np.ndarray]:
-    vectors: dict[str, np.ndarray] = {}
-    dim = None
+def _vector_lines(path: Path):
+    """(line number, ``[word, v1, v2, ...]``) of a word2vec/GloVe text file: the optional
+    ``count dim`` header and lines without a vector are skipped."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for n, line in enumerate(fh, start=1):
             parts = line.rstrip().split(" ")
             if n == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
                 continue  # word2vec header: count dim
-            if len(parts) < 2:
-                continue
-            try:
-                vec = np.asarray(parts[1:], dtype=np.float32)
-            except ValueError:
-                raise DataError(f"{path}:{n}: not a 'word v1 v2 ...' vector line") from None
-            if dim is None:
-                dim = vec.shape[0]
-            elif vec.shape[0] != dim:
-                raise DataError(f"{path}:{n}: vector has {vec.shape[0]} values, earlier lines {dim}")
-            vectors.setdefault(parts[0], vec)
+            if len(parts) >= 2:
+                yield n, parts
+
+
+def read_vectors(path: Path) -> dict[str, np.ndarray]:
+    vectors: dict[str, np.ndarray] = {}
+    dim = None
+    for n, parts in _vector_lines(path):
+        try:
+            vec = np.asarray(parts[1:], dtype=np.float32)
+        except ValueError:
+            raise DataError(f"{path}:{n}: not a 'word v1 v2 ...' vector line") from None
+        if dim is None:
+            dim = vec.shape[0]
+        elif vec.shape[0] != dim:
+            raise DataError(f"{path}:{n}: vector has {vec.shape[0]} values, earlier lines {dim}")
+        vectors.setdefault(parts[0], vec)
     if not vectors:
         raise DataError(f"{path} holds no vectors (expected 'word v1 v2 ...' lines)")
     return vectors

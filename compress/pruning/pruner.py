@@ -34,13 +34,17 @@ def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
     ``pruned`` (the negated masks) can be passed to save a negation per tensor and step. A mask on
     another device than its parameter (hooks are built before the trainer moves the model to the
     GPU) is moved there, in ``masks`` and ``pruned`` too, so that happens once."""
-    for name, m in masks.items():
+    for name in masks:
         p = params[name]
-        if m.device != p.device:
-            m = masks[name] = m.to(p.device)
-            if pruned is not None:
-                pruned[name] = pruned[name].to(p.device)
-        p.masked_fill_(pruned[name] if pruned is not None else ~m, 0.0)
+        m = _on_device(masks, name, p.device)
+        p.masked_fill_(_on_device(pruned, name, p.device) if pruned is not None else ~m, 0.0)
+
+
+def _on_device(tensors: dict[str, torch.Tensor], name: str, device: torch.device) -> torch.Tensor:
+    """``tensors[name]`` on ``device``, moved there in the dict the first time it is not."""
+    if tensors[name].device != device:
+        tensors[name] = tensors[name].to(device)
+    return tensors[name]
 
 
 @torch.no_grad()
@@ -48,13 +52,10 @@ def mask_grads(params: dict[str, torch.Tensor], pruned: dict[str, torch.Tensor])
     """Zero the gradients of pruned weights (``pruned``: True where pruned), as a forward pass
     through ``weight * mask`` would (Gordon et al.'s TensorFlow pruning), so that they neither count
     in the clipped gradient norm nor feed the optimizer's moments."""
-    for name, neg in pruned.items():
+    for name in pruned:
         g = params[name].grad
-        if g is None:
-            continue
-        if neg.device != g.device:
-            neg = pruned[name] = neg.to(g.device)
-        g.masked_fill_(neg, 0.0)
+        if g is not None:
+            g.masked_fill_(_on_device(pruned, name, g.device), 0.0)
 
 
 class MagnitudePruner:
@@ -282,16 +283,23 @@ def matching_masks(module: torch.nn.Module, masks: dict[str, torch.Tensor]) -> t
     return keep, dropped
 
 
+def fine_tuning_hooks(module: torch.nn.Module, model_dir: str | Path, information_deletion: bool = False,
+                      hook_factory=None) -> list[TrainHook]:
+    """The hooks of a fine-tuning workflow: ``hook_factory(module)``'s (pruning, when the run
+    prunes), then those that keep the saved model's masks (``saved_mask_hooks``). When a
+    ``PruningHook`` is among the first, it started from those masks (they only shrink) and writes
+    the new ones, so no kept-masks hook is added: it would write the old masks over them."""
+    hooks = list(hook_factory(module)) if hook_factory else []
+    if any(isinstance(h, PruningHook) for h in hooks):
+        return hooks
+    return hooks + saved_mask_hooks(module, model_dir, information_deletion)
+
+
 def saved_mask_hooks(module: torch.nn.Module, model_dir: str | Path,
-                     information_deletion: bool = False, others: list[TrainHook] = ()) -> list[TrainHook]:
+                     information_deletion: bool = False) -> list[TrainHook]:
     """Hooks for fine-tuning the model saved in ``model_dir``: keep its masks (default), or with
-    ``information_deletion`` zero the same weights once and let them regrow. [] for a dense model,
-    and [] when ``others`` (the run's other hooks) hold a ``PruningHook``: re-pruning, the pruner
-    started from these masks (they only shrink) and writes the new ones, which a kept-masks hook
-    would overwrite with the old."""
+    ``information_deletion`` zero the same weights once and let them regrow. [] for a dense model."""
     model_dir = Path(model_dir)
-    if any(isinstance(h, PruningHook) for h in others):
-        return []
     has_masks = (model_dir / MASKS_FILE).is_file()
     if not has_masks:
         if information_deletion:

@@ -21,7 +21,7 @@ import torch
 from compress.config import to_dict
 from compress.errors import ModelError
 from compress.models import load_tokenizer, read_meta, register_model_types, resolve_model, save_model
-from compress.pruning.pruner import saved_mask_hooks
+from compress.pruning.pruner import fine_tuning_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
 from compress.qa.objectives import make_objective
 from compress.qa.options import effective_doc_stride
@@ -114,10 +114,9 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
     set_seed(cfg.seed)  # a fresh span head and the objective's layers start from the global RNG
     model, tokenizer, _ = load_qa_model(cfg.model)
     objective = make_objective(cfg.objective, model, cfg)
-    hooks = list(hook_factory(model)) if hook_factory else []
     # A pruned encoder keeps its zeros on squad too, unless --information-deletion.
-    hooks += saved_mask_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
-                              others=hooks)
+    hooks = fine_tuning_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
+                              hook_factory)
     name = cfg.name or f"{spec.name}-{cfg.objective}"
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))

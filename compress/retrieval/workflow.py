@@ -15,7 +15,7 @@ import torch
 from compress.config import to_dict
 from compress.errors import DataError, UsageError
 from compress.models import resolve_model, save_model
-from compress.pruning.pruner import saved_mask_hooks
+from compress.pruning.pruner import fine_tuning_hooks
 from compress.retrieval.bm25 import bm25_order
 from compress.retrieval.dual_encoder import (
     REQA_TASK,
@@ -67,9 +67,8 @@ def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, comman
                                 extra_files: Callable[[Path], None] | None = None) -> Path:
     """Shared by fine-tuning (gold pairs) and mining distillation (gold + mined pairs)."""
     model, tokenizer, _ = load_dual_encoder(cfg.model)
-    hooks = list(hook_factory(model.encoder)) if hook_factory else []
-    hooks += saved_mask_hooks(model.encoder, resolve_model(cfg.model),
-                              getattr(cfg, "information_deletion", False), others=hooks)
+    hooks = fine_tuning_hooks(model.encoder, resolve_model(cfg.model),
+                              getattr(cfg, "information_deletion", False), hook_factory)
     with RunDir(command, name=name, out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
