@@ -26,9 +26,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def skip_without_tagger_data() -> None:
-    """Augmentation needs NLTK's tagger data, which ships in ../shared/data/nltk_data."""
+    """Augmentation (NLTK's tagger and Punkt) and ReQA's sentence splitting (Punkt) need NLTK data,
+    which ships in ../shared/data/nltk_data."""
     if not (SHARED_DATA / "nltk_data").is_dir():
-        pytest.skip("../shared/data/nltk_data (NLTK tagger data for --augment) is not present")
+        pytest.skip("../shared/data/nltk_data (NLTK tagger and Punkt data) is not present")
+
+
+@pytest.fixture
+def nltk_data() -> None:
+    skip_without_tagger_data()
 
 
 @pytest.fixture(scope="session")

@@ -238,7 +238,7 @@ def test_embed_dim_conflict_is_refused_before_the_teacher_is_fine_tuned(tmp_path
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
 
 
-def test_distill_reqa_dual_encoder_through_the_cli(tiny_bert, tmp_path):
+def test_distill_reqa_dual_encoder_through_the_cli(tiny_bert, tmp_path, nltk_data):
     data = write_tiny_squad(tmp_path)
     out = tmp_path / "run"
     r = run_cli("distill", "--task", "reqa", "--student", "dual-encoder", "--model", str(tiny_bert),

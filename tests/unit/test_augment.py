@@ -97,7 +97,7 @@ def test_shuffle_sentences_is_a_seeded_permutation():
     assert any(shuffle_sentences(sents, random.Random(s)) != sents for s in range(5))
 
 
-def test_tagger_on_real_nltk_data():
+def test_tagger_on_real_nltk_data(nltk_data):
     tagged = tag_texts(["The quick brown fox jumps over the lazy dog .", "It rained. We stayed in.",
                         "A great movie, however long."])
     assert tagged[0][0][:2] == [("The", "DT"), ("quick", "JJ")]
@@ -106,7 +106,7 @@ def test_tagger_on_real_nltk_data():
     assert ("movie", "NN") in tagged[2][0] and (",", ",") in tagged[2][0]  # not "movie," as a noun
 
 
-def test_augment_texts_counts_determinism_and_pairs():
+def test_augment_texts_counts_determinism_and_pairs(nltk_data):
     texts = ["a gripping and funny film", "dull , slow and far too long"]
     cfg = AugmentConfig(copies=3, seed=11, p_mask=0.3, p_pos=0.3)
     out, pairs = augment_texts(texts, None, cfg)
@@ -119,7 +119,7 @@ def test_augment_texts_counts_determinism_and_pairs():
     assert augment_texts(texts, None, AugmentConfig(copies=0)) == ([], None)
 
 
-def test_copies_identical_to_their_example_are_drawn_again():
+def test_copies_identical_to_their_example_are_drawn_again(nltk_data):
     texts = ["a gripping and funny film", "dull , slow and far too long", "one"]
     out, _ = augment_texts(texts, None, AugmentConfig(copies=10, seed=3, p_ngram=0.0))
     # p = 0.1 + 0.1 per word: a 6-word copy is unchanged with probability 0.8^6 = 0.26 per draw
@@ -127,7 +127,7 @@ def test_copies_identical_to_their_example_are_drawn_again():
     assert len(out) == 30  # "one" may stay itself after MAX_REDRAWS draws; the count never changes
 
 
-def test_sentence_shuffle_in_documents():
+def test_sentence_shuffle_in_documents(nltk_data):
     doc = "Oil prices rose. Stocks fell sharply. The dollar held steady."
     cfg = AugmentConfig(copies=20, p_mask=0, p_pos=0, p_ngram=0, p_shuffle=1.0, seed=0)
     out, _ = augment_texts([doc], None, cfg)

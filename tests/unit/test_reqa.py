@@ -97,7 +97,7 @@ def test_mine_pairs_keeps_p_at_least_threshold_weighted_p_squared(reqa, monkeypa
     assert sorted(mined) == sorted([(0, 1, 0.25), (1, 1, 0.25), (1, 2, pytest.approx(0.81))])
 
 
-def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path):
+def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path, nltk_data):
     import json
 
     from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
@@ -124,7 +124,7 @@ def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path):
     assert s2["mining"]["teacher_trained_here"] is False
 
 
-def test_unlabeled_questions_get_mined_pairs_only(tiny_bert, tmp_path):
+def test_unlabeled_questions_get_mined_pairs_only(tiny_bert, tmp_path, nltk_data):
     import json
 
     from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
