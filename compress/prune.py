@@ -320,10 +320,13 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     from compress.pruning.mlm import (
         MaskedLMObjective,
         build_mlm_model,
+        head_state,
         heldout_loss,
         make_blocks,
         mask_heldout,
+        pretrained_head,
         read_corpus,
+        save_head,
         split_heldout,
     )
 
@@ -345,8 +348,9 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
         raise DataError(f"the corpus is too small: {len(blocks)} training and {len(held)} held-out "
                         f"blocks of {cfg.max_length} tokens; add text or lower --max-length")
     n_steps = total_steps(cfg, len(blocks))
+    head, head_source = pretrained_head(model_dir)
     dense_encoder = copy.deepcopy(encoder) if not cfg.no_dense_baseline else None
-    objective = MaskedLMObjective(build_mlm_model(encoder), tokenizer, cfg.mlm_probability)
+    objective = MaskedLMObjective(build_mlm_model(encoder, head), tokenizer, cfg.mlm_probability)
     pruner, hooks = None, []
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, objective.mlm, model_dir, n_steps)
@@ -363,7 +367,8 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
         if dense_encoder is not None:  # phase 1, the dense baseline: only its loss is kept
             baseline = run.phase_results("dense")
             if baseline is None:
-                dense = MaskedLMObjective(build_mlm_model(dense_encoder), tokenizer, cfg.mlm_probability)
+                dense = MaskedLMObjective(build_mlm_model(dense_encoder, head), tokenizer,
+                                          cfg.mlm_probability)
                 train(dense, tokenizer, blocks, cfg, [],
                       log=lambda r: run.log_metrics({"phase": "dense", **r}),
                       checkpoint_dir=run.phase_checkpoint_dir("dense"), resume=cfg.resume)
@@ -374,8 +379,10 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
             del dense_encoder
         structured = None
         if cfg.structured:
+            trained_head = head_state(objective.mlm)  # the head survives the rebuild
             structured = run_structured(encoder, cfg)
-            objective = MaskedLMObjective(build_mlm_model(encoder), tokenizer, cfg.mlm_probability)
+            objective = MaskedLMObjective(build_mlm_model(encoder, trained_head), tokenizer,
+                                          cfg.mlm_probability)
         result = train(objective, tokenizer, blocks, cfg, hooks,  # phase 2, pruning
                        log=lambda r: run.log_metrics({"phase": "pruned", **r}),
                        checkpoint_dir=run.phase_checkpoint_dir("pruned"), resume=cfg.resume)
@@ -384,8 +391,7 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
         mlm_loss = {"before": before["loss"], "dense_after": loss_dense, "pruned_after": loss_pruned,
                     "heldout_blocks": len(held),
                     "heldout_tokens_scored": sum(sum(t != -100 for t in b["mlm_labels"]) for b in held),
-                    "note": "the MLM head is new (the packaged encoder has none), so 'before' is the "
-                            "loss of an untrained head"}
+                    "head": head_source, "note": HEAD_NOTES[head_source]}
         run.log_metrics({"step": result["steps"], "mlm_loss": mlm_loss})
         meta = {"max_length": cfg.max_length, "base_model": cfg.model,
                 "pruning": pruning_meta(cfg, pruner, structured)}
@@ -395,9 +401,16 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
             "steps": result["steps"], "train_seconds": round(time.time() - t0, 1),
             "mlm_loss": mlm_loss, "structured": structured,
             "prune_history": pruner.history if pruner else None})
+        save_head(objective.mlm, run.path / "model")
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 
+
+HEAD_NOTES = {  # where pre-training's MLM head came from, for the summary's mlm_loss
+    "fresh": "the MLM head is new (the encoder has none), so 'before' is the loss of an untrained head",
+    "checkpoint": "the MLM head is the checkpoint's own",
+    "mlm_head.safetensors": "the MLM head is the one an earlier pre-training run saved",
+}
 
 STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune}
 

@@ -89,9 +89,59 @@ def _block(tokenizer, chunk: list[int]) -> dict:
             "labels": 0}
 
 
-def build_mlm_model(encoder):
-    """BertForMaskedLM around ``encoder`` (a BertModel, shared, pooler kept) with a fresh MLM head
-    whose decoder is tied to the encoder's word embeddings."""
+HEAD_FILE = "mlm_head.safetensors"  # beside a pre-training run's saved encoder
+_TIED = "predictions.decoder.weight"  # the word embeddings; never stored with the head
+
+
+def head_state(mlm) -> dict[str, torch.Tensor]:
+    """The MLM head's own tensors (``cls.*`` without the tied decoder matrix), detached copies."""
+    return {k: v.detach().clone().contiguous() for k, v in mlm.cls.state_dict().items() if k != _TIED}
+
+
+def save_head(mlm, model_dir: Path) -> None:
+    """Write the trained head next to the saved encoder, so pre-training can go on from it."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.cpu() for k, v in head_state(mlm).items()}, str(Path(model_dir) / HEAD_FILE))
+
+
+def pretrained_head(model_dir: str) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """The MLM head to start pre-training from, and where it came from.
+
+    ``mlm_head.safetensors`` of an earlier pre-training run; else the checkpoint's own head (hub
+    BERT checkpoints such as bert-base-uncased carry ``cls.predictions.*``); else None ("fresh":
+    MiniLM and other sentence encoders ship without one).
+    """
+    local = Path(model_dir) / HEAD_FILE
+    if local.is_file():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(local)), HEAD_FILE
+        except Exception as exc:  # noqa: BLE001 - one line for any unreadable file
+            raise ModelError(f"{local} is not a readable MLM head ({type(exc).__name__}); delete it "
+                             "to start from a fresh head") from None
+    from transformers import BertForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the missing-head report is the expected answer here
+    try:
+        mlm, info = BertForMaskedLM.from_pretrained(model_dir, output_loading_info=True,
+                                                    use_safetensors=True, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - not a plain BERT checkpoint (e.g. structured-pruned): no head
+        return None, "fresh"
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if any(k.startswith("cls.") for k in info["missing_keys"]):
+        return None, "fresh"
+    return head_state(mlm), "checkpoint"
+
+
+def build_mlm_model(encoder, head: dict[str, torch.Tensor] | None = None):
+    """BertForMaskedLM around ``encoder`` (a BertModel, shared, pooler kept) with an MLM head whose
+    decoder is tied to the encoder's word embeddings: ``head`` (from ``pretrained_head``) when
+    given, else a fresh one (seeded, so the pruned and the dense-baseline model start alike)."""
     from transformers import BertForMaskedLM, BertModel
 
     if not isinstance(encoder, BertModel):
@@ -101,6 +151,15 @@ def build_mlm_model(encoder):
         mlm = BertForMaskedLM(encoder.config)
     mlm.bert = encoder
     mlm.cls.predictions.decoder.weight = encoder.embeddings.word_embeddings.weight
+    if head is not None:
+        try:
+            missing, unexpected = mlm.cls.load_state_dict(head, strict=False)
+        except RuntimeError as exc:  # a tensor of another shape
+            missing, unexpected = [str(exc).splitlines()[-1].strip()[:120]], []
+        missing = [k for k in missing if k != _TIED]
+        if missing or unexpected:
+            raise ModelError(f"the MLM head does not fit this encoder (missing {missing[:2]}, "
+                             f"unexpected {unexpected[:2]}); delete {HEAD_FILE} to start from a fresh head")
     if encoder.pooler is not None:
         # The MLM loss never reaches the pooler; left trainable, DDP waits for its gradients and
         # stops on the second step of a multi-process run. Frozen, it is saved unchanged.

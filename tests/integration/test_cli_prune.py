@@ -145,6 +145,17 @@ def test_stage_pretrain_then_finetune(tiny_bert, tmp_path, shared_data):
     from transformers import AutoModel, BertModel
 
     assert isinstance(AutoModel.from_pretrained(out / "model"), BertModel)  # encoder, no head
+    assert m["head"] == "fresh" and (out / "model" / "mlm_head.safetensors").is_file()
+    # Pre-training goes on from the run with the head it trained: on the same held-out blocks the
+    # second run's starting loss is the first run's final one (a fresh head would score ~log V).
+    more = tmp_path / "more"
+    r = run_cli("prune", "--model", str(out), "--stage", "pretrain", "--corpus",
+                str(shared_data / "wikitext2" / "wiki.valid.tokens"), "--max-steps", "1",
+                "--heldout-blocks", "16", "--no-dense-baseline", *FAST, "--out", str(more))
+    assert r.returncode == 0, r.stderr
+    m2 = json.loads((more / "summary.json").read_text())["mlm_loss"]
+    assert m2["head"] == "mlm_head.safetensors"
+    assert m2["before"] == pytest.approx(m["pruned_after"], rel=1e-5)
     ft = tmp_path / "ft"
     r = run_cli("finetune", "--model", str(out), "--max-steps", "3", *FAST, "--out", str(ft))
     assert r.returncode == 0, r.stderr

@@ -11,9 +11,11 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 from compress.errors import DataError
 from compress.models import packaged_model_path
 from compress.pruning.mlm import (
+    HEAD_FILE,
     MaskedLMObjective,
     build_mlm_model,
     corpus_files,
+    head_state,
     heldout_loss,
     make_blocks,
     mask_heldout,
@@ -104,6 +106,53 @@ def test_mlm_head_is_fresh_and_tied(tok):
     # the same fresh head every time (dense baseline and pruned run start alike)
     h2 = build_mlm_model(BertModel(cfg)).cls.predictions.transform.dense.weight
     assert torch.equal(mlm.cls.predictions.transform.dense.weight, h2)
+
+
+def test_pretrained_head_comes_from_the_checkpoint_or_the_saved_file(tok, tmp_path):
+    from transformers import BertForMaskedLM
+
+    from compress.pruning.mlm import pretrained_head, save_head
+
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32)
+    torch.manual_seed(3)
+    BertModel(cfg).save_pretrained(tmp_path / "encoder")  # MiniLM-like: no head
+    assert pretrained_head(str(tmp_path / "encoder")) == (None, "fresh")
+    hub = BertForMaskedLM(cfg)  # a BERT checkpoint with its head, as bert-base-uncased on the hub
+    with torch.no_grad():
+        hub.cls.predictions.transform.dense.weight.normal_()
+        hub.cls.predictions.bias.uniform_()
+    hub.save_pretrained(tmp_path / "hub")
+    head, source = pretrained_head(str(tmp_path / "hub"))
+    assert source == "checkpoint" and "predictions.decoder.weight" not in head
+    enc = BertModel.from_pretrained(tmp_path / "hub")
+    mlm = build_mlm_model(enc, head)
+    for name, value in hub.cls.state_dict().items():
+        if name != "predictions.decoder.weight":
+            assert torch.equal(mlm.cls.state_dict()[name], value), name
+    assert mlm.cls.predictions.decoder.weight is enc.embeddings.word_embeddings.weight  # still tied
+    assert not torch.equal(mlm.cls.predictions.transform.dense.weight,
+                           build_mlm_model(BertModel(cfg)).cls.predictions.transform.dense.weight)
+    # an earlier pre-training run's head wins over the checkpoint's
+    with torch.no_grad():
+        mlm.cls.predictions.transform.dense.weight.add_(1.0)
+    save_head(mlm, tmp_path / "hub")
+    head2, source2 = pretrained_head(str(tmp_path / "hub"))
+    assert source2 == HEAD_FILE
+    assert torch.equal(head2["predictions.transform.dense.weight"],
+                       head_state(mlm)["predictions.transform.dense.weight"])
+
+
+def test_a_head_of_another_width_is_a_one_line_error(tok):
+    from compress.errors import ModelError
+
+    small = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=32)
+    wide = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32)
+    head = head_state(build_mlm_model(BertModel(small)))
+    with pytest.raises(ModelError, match="does not fit this encoder"):
+        build_mlm_model(BertModel(wide), head)
 
 
 def test_heldout_loss_untrained_head_near_uniform_and_training_masks_vary(tok):
