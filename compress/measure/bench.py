@@ -5,6 +5,8 @@ fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime onl
 (model, runtime) is timed on the same grid of batch sizes x sequence lengths after warm-up, all
 of them in turn for ``rounds`` rounds (so drift of the machine's speed is shared); the first
 model's first runtime is the baseline of the ratios, given pooled and as the range over rounds.
+Inputs are placed on the device before timing and outputs stay there, for both runtimes
+(onnxruntime through IO binding).
 All models and sessions are loaded before timing starts, so memory holds every one of them at once.
 The machine's measured dense matmul peak is reported beside each model's achieved GFLOP/s (dense
 FLOPs of the PyTorch model / time; for int8 files the fp32 model's FLOPs, i.e. "equivalent"
@@ -187,7 +189,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                     if runtime == "torch":
                         feeds = {k: v.to(device) for k, v in feeds.items()}
                         devices[str(i)] = device
-                    fns[str(i)] = lambda fn=fn, feeds=feeds: fn(**feeds)
+                        fns[str(i)] = lambda fn=fn, feeds=feeds: fn(**feeds)
+                    else:  # inputs on the device before timing, outputs left there, as for torch
+                        fns[str(i)] = fn.bind(feeds)
                 timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices,
                                             settle_s=cfg.settle_s)
                 for i in range(len(targets)):

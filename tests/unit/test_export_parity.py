@@ -86,6 +86,20 @@ def test_bert_fp32_parity_on_several_shapes(tiny_bert, tmp_path):
     assert ort(ids).shape == (5, loaded.model.config.num_labels)
 
 
+def test_bound_call_gives_the_plain_run_outputs_on_inputs_placed_once(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    ort = OrtModel(export_onnx(loaded, tmp_path / "m.onnx"))
+    ids = torch.randint(100, 1000, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    want = ort.run({"input_ids": ids, "attention_mask": mask})["logits"]
+    call = ort.bind({"input_ids": ids, "attention_mask": mask})
+    assert call() is None  # timed calls copy nothing back
+    ids.fill_(101)  # the bound inputs were copied at bind time, not views of the tensor
+    np.testing.assert_allclose(call(fetch=True)["logits"], want, rtol=0, atol=1e-6)
+    assert not np.allclose(ort.run({"input_ids": ids, "attention_mask": mask})["logits"], want)
+
+
 def test_unstructured_pruned_bert_parity(tiny_bert, tmp_path):
     loaded = load_torch_model(str(tiny_bert))
     _prune_magnitude(loaded.model, 0.6)
