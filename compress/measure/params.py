@@ -54,46 +54,71 @@ def count_params(model: torch.nn.Module) -> dict[str, Any]:
     return res
 
 
+def _onnx_paths(model) -> dict[str, str]:
+    """Each initializer's module path (``bert.pooler.dense.weight``): its own name when the exporter
+    kept it, else the name of the node that reads it (``/model/bert/encoder/layer.0/.../MatMul``:
+    transposed Linear weights are stored as ``onnx::MatMul_N``). The export wrapper's ``model.``
+    prefix is dropped."""
+    readers: dict[str, str] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, node.name)
+    paths = {}
+    for init in model.graph.initializer:
+        path = init.name
+        if path.startswith("onnx::") or "/" in path or "." not in path:
+            path = readers.get(init.name, init.name).strip("/").replace("/", ".")
+        paths[init.name] = path[len("model."):] if path.startswith("model.") else path
+    return paths
+
+
 def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
-    """Parameters of an ONNX file: its initializers (element counts, non-zeros, dtypes).
+    """Parameters of an ONNX file: its initializers (element counts, non-zeros, dtypes), grouped as
+    ``count_params`` groups a PyTorch model (embeddings / encoder / head), each initializer by its
+    module path (``_onnx_paths``); a tensor with no recognisable path counts as encoder.
 
     Quantized files hold int8 weights plus their scales and zero points; both are counted, and the
     int8 element count is given separately. ``float_matrix_sparsity`` is the zero fraction of the
-    fp32 weight matrices (embeddings excluded): pruning zeros. In int8 weights a zero can also be a
-    small weight rounded to zero, so ``int8_zero_fraction`` is reported apart.
+    fp32 weight matrices (embeddings excluded): pruning zeros; in an int8 file it covers only the
+    matrices left in fp32. In int8 weights a zero can also be a small weight rounded to zero, so
+    ``int8_zero_fraction`` is reported apart.
     """
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    total = nonzero = emb = emb_nz = int8 = int8_nz = fmat = fmat_nz = 0
+    paths = _onnx_paths(model)
+    out = dict.fromkeys(("total", "nonzero", "embeddings", "embeddings_nonzero", "encoder",
+                         "encoder_nonzero", "head", "head_nonzero"), 0)
+    int8 = int8_nz = fmat = fmat_nz = 0
     tensors = []
     for init in model.graph.initializer:
         arr = numpy_helper.to_array(init)
         n = int(arr.size)
         nz = int(np.count_nonzero(arr))
-        total += n
-        nonzero += nz
+        where = paths[init.name]
+        group = "embeddings" if "embed" in where.lower() else _group(where, {})
+        out["total"] += n
+        out["nonzero"] += nz
+        out[group] += n
+        out[f"{group}_nonzero"] += nz
         if arr.dtype in (np.int8, np.uint8):
             int8 += n
             int8_nz += nz
-        elif arr.dtype.kind == "f" and arr.ndim >= 2 and "embed" not in init.name.lower():
+        elif arr.dtype.kind == "f" and arr.ndim >= 2 and group != "embeddings":
             fmat += n
             fmat_nz += nz
-        if "embed" in init.name.lower():
-            emb += n
-            emb_nz += nz
         if arr.ndim >= 2:
-            tensors.append({"name": init.name, "shape": list(arr.shape), "dtype": str(arr.dtype),
-                            "sparsity": 1.0 - nz / n if n else 0.0})
+            tensors.append({"name": init.name, "module": where, "group": group, "shape": list(arr.shape),
+                            "dtype": str(arr.dtype), "sparsity": 1.0 - nz / n if n else 0.0})
     ops: dict[str, int] = {}
     for node in model.graph.node:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
-    return {"total": total, "nonzero": nonzero, "embeddings": emb, "embeddings_nonzero": emb_nz,
-            "encoder": total - emb, "encoder_nonzero": nonzero - emb_nz, "int8_elements": int8,
+    total, nonzero, enc = out["total"], out["nonzero"], out["encoder"]
+    return {**out, "int8_elements": int8,
             "int8_zero_fraction": 1.0 - int8_nz / int8 if int8 else 0.0,
             "float_matrix_sparsity": 1.0 - fmat_nz / fmat if fmat else 0.0,
             "sparsity": 1.0 - nonzero / total if total else 0.0,
-            "encoder_sparsity": 1.0 - (nonzero - emb_nz) / (total - emb) if total > emb else 0.0,
+            "encoder_sparsity": 1.0 - out["encoder_nonzero"] / enc if enc else 0.0,
             "matrices": tensors, "op_counts": dict(sorted(ops.items()))}

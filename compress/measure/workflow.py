@@ -112,7 +112,8 @@ def format_measure(r: dict[str, Any]) -> str:
         zeros = f"encoder weight-matrix sparsity {p['encoder_matrix_sparsity']:.1%}"
     lines = [f"model: {r['model']} ({r['kind']})",
              f"parameters: total {_fmt_int(p['total'])}, embeddings {_fmt_int(p.get('embeddings'))}, "
-             f"encoder {_fmt_int(p.get('encoder'))}, non-zero {_fmt_int(p['nonzero'])} ({zeros})"]
+             f"encoder {_fmt_int(p.get('encoder'))}, head {_fmt_int(p.get('head'))}, "
+             f"non-zero {_fmt_int(p['nonzero'])} ({zeros})"]
     f = r.get("flops")
     if f:
         lines += [

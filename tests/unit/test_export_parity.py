@@ -12,6 +12,7 @@ from compress.errors import ModelError, ParityError, UsageError
 from compress.export.onnx import (
     FP32_ATOL,
     INT8_ATOL,
+    attention_shape,
     check_parity,
     export_onnx,
     load_torch_model,
@@ -20,6 +21,7 @@ from compress.export.onnx import (
     wrap_module,
 )
 from compress.export.ort import OrtModel, resolve_provider, session_providers
+from compress.measure.params import count_params, onnx_initializer_stats
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -304,6 +306,35 @@ def test_every_registered_student_exports_with_parity(name, tmp_path):
     # example_inputs pads rows after the first, so the mask path (packing, masked pooling) is checked
     r = check_parity(loaded, path)
     assert r["max_abs_diff"]["logits"] <= FP32_ATOL and r["argmax_agreement"] == 1.0
+    if name != "logreg":  # logreg's graph also holds its idf/special buffers, which are not parameters
+        _assert_same_groups(onnx_initializer_stats(path), count_params(loaded.model))
+
+
+GROUPS = ("total", "embeddings", "encoder", "head", "nonzero", "embeddings_nonzero", "encoder_nonzero",
+          "head_nonzero")
+
+
+def _assert_same_groups(onnx_stats, torch_stats):
+    assert {g: onnx_stats[g] for g in GROUPS} == {g: torch_stats[g] for g in GROUPS}
+
+
+def test_onnx_parameter_groups_are_pytorchs(tiny_bert, tmp_path):
+    # transposed Linear weights are stored as onnx::MatMul_N: their module comes from the node that
+    # reads them; the pooler and classifier count as head, as in PyTorch, fused graph included
+    loaded = load_torch_model(str(tiny_bert))
+    with torch.no_grad():  # as trained: the exporter stores identical tensors (fresh zero biases) once
+        for p in loaded.model.parameters():
+            if p.dim() == 1:
+                p.normal_()
+    _prune_magnitude(loaded.model, 0.5)
+    path = export_onnx(loaded, tmp_path / "m.onnx")
+    stats = onnx_initializer_stats(path)
+    assert any(t["name"].startswith("onnx::MatMul") and t["module"].startswith("bert.encoder.layer.1.")
+               for t in stats["matrices"])
+    _assert_same_groups(stats, count_params(loaded.model))
+    heads, hidden = attention_shape(loaded)
+    optimize_onnx(path, tmp_path / "o.onnx", heads, hidden)
+    _assert_same_groups(onnx_initializer_stats(tmp_path / "o.onnx"), count_params(loaded.model))
 
 
 def test_bench_token_range_is_the_word_table_of_each_onnx_file(tiny_bert, tmp_path):
