@@ -379,9 +379,9 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
             del dense_encoder
         structured = None
         if cfg.structured:
-            trained_head = head_state(objective.mlm)  # the head survives the rebuild
+            start_head = head_state(objective.mlm)  # the rebuilt objective starts from the same head
             structured = run_structured(encoder, cfg)
-            objective = MaskedLMObjective(build_mlm_model(encoder, trained_head), tokenizer,
+            objective = MaskedLMObjective(build_mlm_model(encoder, start_head), tokenizer,
                                           cfg.mlm_probability)
         result = train(objective, tokenizer, blocks, cfg, hooks,  # phase 2, pruning
                        log=lambda r: run.log_metrics({"phase": "pruned", **r}),

@@ -59,7 +59,7 @@ def _onnx_paths(model) -> dict[str, str]:
     kept it, else the name of the node that reads it (``/model/bert/encoder/layer.0/.../MatMul``:
     transposed Linear weights are stored as ``onnx::MatMul_N``). The export wrapper's ``model.``
     prefix is dropped."""
-    readers: dict[str, str] = {}
+    readers: dict[str, str] = {}  # the first reader names a tensor several nodes read
     for node in model.graph.node:
         for name in node.input:
             readers.setdefault(name, node.name)
@@ -98,7 +98,7 @@ def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
         n = int(arr.size)
         nz = int(np.count_nonzero(arr))
         where = paths[init.name]
-        group = "embeddings" if "embed" in where.lower() else _group(where, {})
+        group = "embeddings" if "embedding" in where.lower() else _group(where, {})
         out["total"] += n
         out["nonzero"] += nz
         out[group] += n

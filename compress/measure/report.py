@@ -112,10 +112,15 @@ def _gzip_size(path: Path, level: int = 6) -> int:
 def disk_sizes(path: str | Path) -> dict[str, Any]:
     """Bytes on disk of a model's weights, raw and gzip-compressed (zeros compress; dense weights
     barely do). ``path`` is an ONNX file, a weights file or a model folder (its *.safetensors,
-    *.onnx and *.pt files are summed)."""
+    *.onnx and *.pt files are summed, leaving out the pruning masks and a pre-training run's MLM
+    head, which are not part of the model that runs)."""
+    from compress.pruning.integrity import MASKS_FILE
+    from compress.pruning.mlm import HEAD_FILE
+
     p = Path(path)
     if p.is_dir():
-        files = sorted([*p.glob("*.safetensors"), *p.glob("*.onnx"), *p.glob("*.pt")])
+        files = sorted(f for f in [*p.glob("*.safetensors"), *p.glob("*.onnx"), *p.glob("*.pt")]
+                       if f.name not in (MASKS_FILE, HEAD_FILE))
     else:
         files = [p]
     raw = sum(f.stat().st_size for f in files)

@@ -90,12 +90,35 @@ def _block(tokenizer, chunk: list[int]) -> dict:
 
 
 HEAD_FILE = "mlm_head.safetensors"  # beside a pre-training run's saved encoder
-_TIED = "predictions.decoder.weight"  # the word embeddings; never stored with the head
+# Tied: the decoder matrix is the word embeddings, its bias is ``predictions.bias``. Never stored.
+_TIED = ("predictions.decoder.weight", "predictions.decoder.bias")
 
 
 def head_state(mlm) -> dict[str, torch.Tensor]:
-    """The MLM head's own tensors (``cls.*`` without the tied decoder matrix), detached copies."""
-    return {k: v.detach().clone().contiguous() for k, v in mlm.cls.state_dict().items() if k != _TIED}
+    """The MLM head's own tensors (``cls.*`` without the tied decoder ones), detached copies."""
+    return {k: v.detach().clone().contiguous() for k, v in mlm.cls.state_dict().items()
+            if k not in _TIED}
+
+
+def _local_has_no_head(model_dir: str) -> bool:
+    """True when ``model_dir`` is a local folder whose safetensors hold no ``cls.*`` tensor (MiniLM
+    and other encoders): no need to load the model a second time to find that out."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return False  # a hub id: from_pretrained finds out
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        keys = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+    elif (folder / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
+            keys = list(fh.keys())
+    else:
+        return False
+    return not any(k.startswith("cls.") for k in keys)
 
 
 def save_head(mlm, model_dir: Path) -> None:
@@ -121,6 +144,8 @@ def pretrained_head(model_dir: str) -> tuple[dict[str, torch.Tensor] | None, str
         except Exception as exc:  # noqa: BLE001 - one line for any unreadable file
             raise ModelError(f"{local} is not a readable MLM head ({type(exc).__name__}); delete it "
                              "to start from a fresh head") from None
+    if _local_has_no_head(model_dir):
+        return None, "fresh"
     from transformers import BertForMaskedLM
     from transformers.utils import logging as hf_logging
 
@@ -129,6 +154,8 @@ def pretrained_head(model_dir: str) -> tuple[dict[str, torch.Tensor] | None, str
     try:
         mlm, info = BertForMaskedLM.from_pretrained(model_dir, output_loading_info=True,
                                                     use_safetensors=True, trust_remote_code=False)
+    except MemoryError:
+        raise
     except Exception:  # noqa: BLE001 - not a plain BERT checkpoint (e.g. structured-pruned): no head
         return None, "fresh"
     finally:
@@ -156,7 +183,7 @@ def build_mlm_model(encoder, head: dict[str, torch.Tensor] | None = None):
             missing, unexpected = mlm.cls.load_state_dict(head, strict=False)
         except RuntimeError as exc:  # a tensor of another shape
             missing, unexpected = [str(exc).splitlines()[-1].strip()[:120]], []
-        missing = [k for k in missing if k != _TIED]
+        missing = [k for k in missing if k not in _TIED]
         if missing or unexpected:
             raise ModelError(f"the MLM head does not fit this encoder (missing {missing[:2]}, "
                              f"unexpected {unexpected[:2]}); delete {HEAD_FILE} to start from a fresh head")

@@ -155,6 +155,18 @@ def test_zeros_compress_on_disk(tmp_path):
     assert d["gzip_ratio"] > 0.85  # random fp32 barely compresses
 
 
+def test_disk_size_of_a_folder_is_the_model_without_masks_or_mlm_head(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.randn(64, 64)}, tmp_path / "model.safetensors")
+    alone = disk_sizes(tmp_path)
+    save_file({"w": torch.ones(64, 64, dtype=torch.bool)}, tmp_path / "masks.safetensors")
+    save_file({"b": torch.randn(64)}, tmp_path / "mlm_head.safetensors")
+    r = disk_sizes(tmp_path)
+    assert r["files"] == ["model.safetensors"] and r["bytes"] == alone["bytes"]
+    assert r["bytes"] == (tmp_path / "model.safetensors").stat().st_size
+
+
 def test_count_params_groups_and_nonzeros():
     class M(torch.nn.Module):
         def __init__(self):
