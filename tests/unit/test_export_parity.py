@@ -102,6 +102,18 @@ def test_bound_call_gives_the_plain_run_outputs_on_inputs_placed_once(tiny_bert,
     assert not np.allclose(ort.run({"input_ids": ids, "attention_mask": mask})["logits"], want)
 
 
+@pytest.mark.skipif("CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers()
+                    or not torch.cuda.is_available(), reason="needs a GPU and onnxruntime's CUDA provider")
+def test_bound_call_keeps_inputs_and_outputs_on_the_gpu(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    ort = OrtModel(export_onnx(loaded, tmp_path / "m.onnx"), provider="cuda")
+    ids = torch.randint(100, 1000, (2, 9))
+    want = ort.run({"input_ids": ids})["logits"]
+    call = ort.bind({"input_ids": ids})
+    assert all(v.device_name().lower() == "cuda" for v in call.inputs.values())
+    np.testing.assert_allclose(call(fetch=True)["logits"], want, rtol=0, atol=1e-5)
+
+
 def test_unstructured_pruned_bert_parity(tiny_bert, tmp_path):
     loaded = load_torch_model(str(tiny_bert))
     _prune_magnitude(loaded.model, 0.6)
