@@ -8,8 +8,9 @@ buffer (zero for features never seen in training, which is what sklearn does wit
 the forward pass recomputes the vectorizer in the graph: raw counts by scatter-add of the ids masked
 by ``attention_mask`` -> times idf -> l2-normalised -> one linear layer. So the module has the same
 ``forward(input_ids, attention_mask)`` contract as the other students, can be distilled with the same
-loss, and exports to ONNX without scikit-learn at inference. Special tokens ([CLS], [SEP], [PAD]) are
-not features.
+loss, and exports to ONNX without scikit-learn at inference. The ids in ``special_ids`` are not
+features; ``compress distill`` passes [CLS], [SEP], [PAD] and [UNK] but not [MASK], so the masked
+copies of an augmented transfer set keep a token where the teacher saw one.
 """
 
 from __future__ import annotations

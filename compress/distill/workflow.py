@@ -208,7 +208,10 @@ def run_distill(cfg: DistillConfig) -> Path:
     tokenizer = load_tokenizer(cfg.teacher)
     options["pad_id"] = tokenizer.pad_token_id or 0
     if "special_ids" in entry.config_class.__dataclass_fields__:
-        options["special_ids"] = tuple(tokenizer.all_special_ids)
+        # [CLS]/[SEP]/[PAD] are not features; the mask token is, so a masked copy reads to the
+        # linear student as it does to the teacher (a word it cannot see), not as a deletion
+        # that joins the neighbours into a new bigram
+        options["special_ids"] = tuple(i for i in tokenizer.all_special_ids if i != tokenizer.mask_token_id)
     lr = cfg.lr if cfg.lr is not None else entry.lr_for(multilabel)
     weight_decay = (cfg.weight_decay if cfg.weight_decay is not None
                     else entry.weight_decay_for(len(labels), multilabel))

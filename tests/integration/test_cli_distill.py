@@ -87,6 +87,12 @@ def test_logreg_idf_is_fitted_on_the_augmented_transfer_set(teacher_run, tmp_pat
     seen_kd, seen_plain = idf["kd"] > 0, idf["no-kd"] > 0
     assert bool((seen_plain & ~seen_kd).any()) is False  # every original n-gram is still a feature
     assert int((seen_kd & ~seen_plain).sum()) > 0  # and augmentation added new ones
+    # the mask token of the masked copies is a feature (as the teacher sees it), not a deletion
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(teacher_run / "model")
+    assert idf["kd"][tok.mask_token_id] > 0 and idf["no-kd"][tok.mask_token_id] == 0
+    assert idf["kd"][tok.cls_token_id] == 0 and idf["kd"][tok.sep_token_id] == 0  # these stay out
 
 
 def _write_reuters(folder, n_train: int = 24, n_test: int = 8):
