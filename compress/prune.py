@@ -318,9 +318,9 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     from transformers import AutoModel
 
     from compress.pruning.mlm import (
+        HEAD_NOTES,
         MaskedLMObjective,
         build_mlm_model,
-        head_state,
         heldout_loss,
         make_blocks,
         mask_heldout,
@@ -379,10 +379,8 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
             del dense_encoder
         structured = None
         if cfg.structured:
-            start_head = head_state(objective.mlm)  # the rebuilt objective starts from the same head
             structured = run_structured(encoder, cfg)
-            objective = MaskedLMObjective(build_mlm_model(encoder, start_head), tokenizer,
-                                          cfg.mlm_probability)
+            objective = MaskedLMObjective(build_mlm_model(encoder, head), tokenizer, cfg.mlm_probability)
         result = train(objective, tokenizer, blocks, cfg, hooks,  # phase 2, pruning
                        log=lambda r: run.log_metrics({"phase": "pruned", **r}),
                        checkpoint_dir=run.phase_checkpoint_dir("pruned"), resume=cfg.resume)
@@ -405,12 +403,6 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 
-
-HEAD_NOTES = {  # where pre-training's MLM head came from, for the summary's mlm_loss
-    "fresh": "the MLM head is new (the encoder has none), so 'before' is the loss of an untrained head",
-    "checkpoint": "the MLM head is the checkpoint's own",
-    "mlm_head.safetensors": "the MLM head is the one an earlier pre-training run saved",
-}
 
 STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune}
 

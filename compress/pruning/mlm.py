@@ -94,6 +94,13 @@ HEAD_FILE = "mlm_head.safetensors"  # beside a pre-training run's saved encoder
 _TIED = ("predictions.decoder.weight", "predictions.decoder.bias")
 
 
+HEAD_NOTES = {  # what ``pretrained_head`` returns as the source, explained in the run's summary
+    "fresh": "the MLM head is new (the encoder has none), so 'before' is the loss of an untrained head",
+    "checkpoint": "the MLM head is the checkpoint's own",
+    HEAD_FILE: "the MLM head is the one an earlier pre-training run saved",
+}
+
+
 def head_state(mlm) -> dict[str, torch.Tensor]:
     """The MLM head's own tensors (``cls.*`` without the tied decoder ones), detached copies."""
     return {k: v.detach().clone().contiguous() for k, v in mlm.cls.state_dict().items()
