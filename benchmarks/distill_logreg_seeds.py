@@ -93,6 +93,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=None, help="the students' learning rate (default: its own)")
     p.add_argument("--sklearn-c", default="0.5,1,2,4",
                    help="inverse L2 strengths of the scikit-learn reference (comma list)")
+    p.add_argument("--kd-lambda", type=float, default=None,
+                   help="weight of the KD term (default: the task family's, 4 single-label, 1 multi-label)")
+    p.add_argument("--temperature", type=float, default=1.0, help="KD temperature")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
@@ -109,7 +112,8 @@ def main(argv=None) -> int:
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
                                 no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
                                 data_seed=data_seed, val_fraction=args.val_fraction,
-                                kd_loss=args.kd_loss, weight_decay=args.weight_decay, lr=args.lr,
+                                kd_loss=args.kd_loss, kd_lambda=args.kd_lambda,
+                                temperature=args.temperature, weight_decay=args.weight_decay, lr=args.lr,
                                 teacher_cache=cache, name=f"bench-logreg-{mode}-s{seed}")
             t0 = time.time()
             run = run_distill(cfg)
