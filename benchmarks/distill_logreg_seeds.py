@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                    help="inverse L2 strengths of the scikit-learn reference (comma list)")
     p.add_argument("--kd-lambda", type=float, default=None,
                    help="weight of the KD term (default: the task family's, 4 single-label, 1 multi-label)")
-    p.add_argument("--temperature", type=float, default=1.0, help="KD temperature")
+    p.add_argument("--temperature", type=float, default=DistillConfig.temperature, help="KD temperature")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
