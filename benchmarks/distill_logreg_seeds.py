@@ -4,7 +4,8 @@ training against). One JSON to artifacts/benchmarks/.
 
 The linear student's KD gain is small next to seed-to-seed variation, so one run per side cannot
 tell them apart; this runs both sides for each seed on the same transfer set (no augmentation:
-the originals with teacher logits, computed once and reused) and reports mean and spread.
+the originals with teacher logits, computed once and reused) and reports mean and spread,
+and the KD-minus-no-KD difference seed by seed with a paired t-test.
 ``--augment N`` gives the KD runs N augmented copies per sentence (Tang et al. 2019; teacher labels
 only, so the --no-kd runs cannot use them). The copies come from ``--data-seed`` (default: the first seed) in
 every run, so the teacher labels them once; the seeds vary the students' training. ``--val-fraction``
@@ -28,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from compress.analysis import paired_comparison  # noqa: E402
 from compress.distill.workflow import DistillConfig, run_distill  # noqa: E402
 from compress.finetune import load_task_data  # noqa: E402
 from compress.models import load_tokenizer  # noqa: E402
@@ -129,6 +131,9 @@ def main(argv=None) -> int:
     by_mode = {m: [r["score"] for r in runs if r["mode"] == m] for m in ("kd", "no-kd")}
     stats = {m: {"mean": statistics.mean(v), "stdev": statistics.stdev(v) if len(v) > 1 else 0.0,
                  "min": min(v), "max": max(v)} for m, v in by_mode.items()}
+    # The two sides of a seed share its held-out split and the dev set: compare them in pairs.
+    paired = paired_comparison({r["seed"]: r["score"] for r in runs if r["mode"] == "kd"},
+                               {r["seed"]: r["score"] for r in runs if r["mode"] == "no-kd"})
     metric, ref = sklearn_reference(DistillConfig(student="logreg", teacher=args.teacher, task=args.task,
                                           data_dir=args.data_dir, train_limit=args.train_limit,
                                           max_length=args.max_length),
@@ -136,6 +141,7 @@ def main(argv=None) -> int:
     report = {"task": args.task, "teacher": {"run": args.teacher, "score": teacher_score},
               "settings": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
               "stats": stats, "kd_mean_minus_no_kd_mean": stats["kd"]["mean"] - stats["no-kd"]["mean"],
+              "kd_minus_no_kd_by_seed": paired,
               "sklearn_metric": metric, "sklearn_logistic_regression_dev_score_by_C": ref,
               "wall_seconds": round(time.time() - t_start, 1), "env": environment(seeds[0])}
     default = artifacts_root() / "benchmarks" / f"distill_logreg_seeds_{args.task}.json"
@@ -145,6 +151,9 @@ def main(argv=None) -> int:
     for m, st in stats.items():
         print(f"logreg {m:<6} mean {st['mean']:.4f}  sd {st['stdev']:.4f}  "
               f"[{st['min']:.4f}, {st['max']:.4f}]")
+    p_text = "n/a (one seed)" if paired["p"] is None else f"{paired['p']:.3f}"
+    print(f"KD minus no-KD by seed: mean {paired['mean_difference']:+.4f}, KD ahead on {paired['wins']} "
+          f"of {len(paired['seeds'])} seeds, paired t-test p = {p_text}")
     print(f"sklearn LogisticRegression on the same features ({metric}):",
           {c: round(v, 4) for c, v in ref.items()})
     print(f"-> {out}")

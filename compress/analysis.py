@@ -268,6 +268,31 @@ def distillation_table(rows: Iterable[Mapping[str, Any]], reference: str | None 
     return rows
 
 
+def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float]) -> dict[str, Any]:
+    """Scores of two variants keyed by seed, compared seed by seed (``a`` minus ``b``).
+
+    The seeds both have: their differences, mean and sample standard deviation of the
+    differences, how many seeds ``a`` wins, loses and ties, and the two-sided paired t-test
+    (scipy's ``ttest_rel``; ``t`` and ``p`` are None with fewer than two seeds, NaN when every
+    difference is equal)."""
+    seeds = [s for s in a if s in b]
+    if not seeds:
+        raise ValueError("the two variants share no seed")
+    diffs = [float(a[s]) - float(b[s]) for s in seeds]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    t = p = None
+    if n > 1:
+        from scipy.stats import ttest_rel
+
+        res = ttest_rel([float(a[s]) for s in seeds], [float(b[s]) for s in seeds])
+        t, p = float(res.statistic), float(res.pvalue)
+    return {"seeds": seeds, "differences": diffs, "mean_difference": mean, "sd_difference": sd,
+            "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs),
+            "ties": sum(d == 0 for d in diffs), "t": t, "p": p}
+
+
 def hidden_size_curve(rows: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
     """(LSTM hidden size, best score at that size) sorted by size (DocBERT Figure 1)."""
     best: dict[int, float] = {}

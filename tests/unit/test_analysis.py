@@ -162,6 +162,29 @@ def test_distillation_table_ratios_against_teacher():
     assert t2[0]["params_ratio"] == pytest.approx(100.0)
 
 
+def test_paired_comparison_against_hand_computed_t_test():
+    kd = {1: 0.80, 2: 0.85, 3: 0.90}
+    base = {1: 0.78, 2: 0.86, 3: 0.86, 4: 0.50}  # seed 4 has no partner and is left out
+    c = A.paired_comparison(kd, base)
+    assert c["seeds"] == [1, 2, 3]
+    assert c["differences"] == pytest.approx([0.02, -0.01, 0.04])
+    mean = 0.05 / 3
+    sd = math.sqrt(((0.02 - mean) ** 2 + (-0.01 - mean) ** 2 + (0.04 - mean) ** 2) / 2)
+    assert c["mean_difference"] == pytest.approx(mean) and c["sd_difference"] == pytest.approx(sd)
+    assert (c["wins"], c["losses"], c["ties"]) == (2, 1, 0)
+    t = mean / (sd / math.sqrt(3))
+    assert c["t"] == pytest.approx(t)
+    # Student's t with 2 degrees of freedom has the closed form P(|T| > t) = 1 - t / sqrt(2 + t^2)
+    assert c["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))
+
+
+def test_paired_comparison_one_seed_and_no_shared_seed():
+    c = A.paired_comparison({"a": 0.7}, {"a": 0.7})
+    assert (c["ties"], c["sd_difference"], c["t"], c["p"]) == (1, 0.0, None, None)
+    with pytest.raises(ValueError, match="share no seed"):
+        A.paired_comparison({1: 0.5}, {2: 0.5})
+
+
 def test_hidden_size_curve_keeps_best_per_size():
     rows = [{"hidden": 256, "score": 0.8}, {"hidden": 64, "score": 0.7}, {"hidden": 256, "score": 0.82}]
     assert A.hidden_size_curve(rows) == [(64, 0.7), (256, 0.82)]
