@@ -86,6 +86,8 @@ def main(argv=None) -> int:
                    help="seed of the held-out split and augmented copies (default: the first seed); "
                         "fix it to run seeds in separate calls over one --teacher-cache")
     p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
+    p.add_argument("--unlabeled-examples", type=int, default=0,
+                   help="training examples after --train-limit that the KD runs see with teacher labels only")
     p.add_argument("--val-fraction", type=float, default=0.0, help="held-out share for epoch selection")
     p.add_argument("--kd-loss", default="kl", help="kl or mse (the KD runs)")
     p.add_argument("--teacher-cache", default=None,
@@ -113,6 +115,7 @@ def main(argv=None) -> int:
                                 data_dir=args.data_dir, train_limit=args.train_limit,
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
                                 no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
+                                unlabeled_examples=0 if mode == "no-kd" else args.unlabeled_examples,
                                 data_seed=data_seed, val_fraction=args.val_fraction,
                                 kd_loss=args.kd_loss, kd_lambda=args.kd_lambda,
                                 temperature=args.temperature, weight_decay=args.weight_decay, lr=args.lr,
@@ -124,7 +127,8 @@ def main(argv=None) -> int:
             s = json.loads((run / "summary.json").read_text())
             runs.append({"seed": seed, "mode": mode, "run": str(run), "score": s["student_eval"]["score"],
                          "model_selection": s["model_selection"],
-                         "augmented_examples": s["augmented_examples"], "seconds": round(time.time() - t0, 1),
+                         "augmented_examples": s["augmented_examples"],
+                         "unlabeled_examples": s["unlabeled_examples"], "seconds": round(time.time() - t0, 1),
                          "seconds_detail": s["seconds"],
                          "weight_decay": s["weight_decay"], "lr_schedule": s["lr_schedule"]})
             teacher_score = s["teacher_eval"]["score"]

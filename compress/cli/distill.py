@@ -30,6 +30,8 @@ HELPS = {
     "val_fraction": "hold out this share of the training examples (not trained on, not augmented) "
                     "and keep the student's best epoch on them (default 0: the last epoch)",
     "augment": "augmented copies per training example (Tang et al. 2019); needs NLTK tagger data",
+    "unlabeled_examples": "N more training examples after --train-limit whose gold labels stay hidden: "
+                          "the teacher labels them for the transfer set (not augmented)",
     "data_seed": "seed of the --val-fraction split and the augmented copies (default: --seed); fix it "
                  "while varying --seed to reuse one transfer set and its --teacher-cache",
     "temperature": "softmax/sigmoid temperature T of the distillation term (> 0)",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +63,9 @@ class DistillConfig:
     eval_limit: int | None = None
     max_length: int = 128
     augment: int = 0
+    # training examples after the first --train-limit whose gold labels stay hidden: the teacher
+    # labels them and they join the transfer set as they are (not augmented, no task loss)
+    unlabeled_examples: int = 0
     val_fraction: float = 0.0  # > 0: hold out this share of the training examples, keep the best epoch
     # loss
     temperature: float = 1.0
@@ -114,6 +117,13 @@ class DistillConfig:
             v = getattr(self, lim)
             if v is not None:
                 check_range(lim, v, 1)
+        check_range("unlabeled_examples", self.unlabeled_examples, 0)
+        if self.unlabeled_examples and self.train_limit is None:
+            raise UsageError("--unlabeled-examples takes the training examples after the first "
+                             "--train-limit; add --train-limit N")
+        if self.no_kd and self.unlabeled_examples:
+            raise UsageError("--unlabeled-examples needs teacher labels; it cannot be combined with "
+                             "--no-kd (their gold labels stay hidden)")
         if self.no_kd and self.augment:
             raise UsageError("--augment needs teacher labels; it cannot be combined with --no-kd "
                              "(augmented examples have no gold label)")
@@ -186,8 +196,13 @@ def run_distill(cfg: DistillConfig) -> Path:
     check_embedding_spec(cfg.student_embeddings)
     if cfg.augment:
         require_nltk_data()
-    spec, data = load_task_data(cfg)
+    pool = None if cfg.train_limit is None else cfg.train_limit + cfg.unlabeled_examples
+    spec, data = load_task_data(replace(cfg, train_limit=pool))
     train_ds, eval_ds = data["train"], data["eval"]
+    # the first --train-limit examples keep their gold labels; the rest are the unlabeled pool
+    n_labeled = min(len(train_ds), cfg.train_limit or len(train_ds))
+    unlabeled_ds = train_ds.select(list(range(n_labeled, len(train_ds))))
+    train_ds = train_ds.subset(n_labeled)
     data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     train_ds, val_ds = hold_out(train_ds, cfg.val_fraction, data_seed)
     labels, multilabel = train_ds.label_names, train_ds.multilabel
@@ -243,8 +258,9 @@ def run_distill(cfg: DistillConfig) -> Path:
         t0 = time.time()
         aug_texts, aug_pairs = augment_texts(train_ds.texts, train_ds.pairs, aug_cfg)
         augment_seconds = time.time() - t0
-        texts = train_ds.texts + aug_texts
-        pairs = None if train_ds.pairs is None else train_ds.pairs + (aug_pairs or [])
+        texts = train_ds.texts + aug_texts + unlabeled_ds.texts
+        pairs = (None if train_ds.pairs is None
+                 else train_ds.pairs + (aug_pairs or []) + (unlabeled_ds.pairs or []))
 
         def logits_for(role, tx, px):
             key = transfer_key(fp, tx, px, cfg.max_length)
@@ -309,7 +325,8 @@ def run_distill(cfg: DistillConfig) -> Path:
             return _score(spec.family, spec.metric, logits, _gold(val_ds))["score"]
 
         print(f"distill {cfg.student} ({mode}) on {spec.name}: {len(examples)} training examples "
-              f"({len(train_ds)} original + {len(aug_texts) if not cfg.no_kd else 0} augmented), "
+              f"({len(train_ds)} original + {len(aug_texts) if not cfg.no_kd else 0} augmented"
+              + (f" + {len(unlabeled_ds)} unlabeled" if len(unlabeled_ds) else "") + "), "
               f"teacher logits: {train_from}", flush=True)
         result = train_student(student, examples, train_cfg, pad_id, device, use_teacher=not cfg.no_kd,
                                log=run.log_metrics, epoch_end=epoch_end,
@@ -351,6 +368,7 @@ def run_distill(cfg: DistillConfig) -> Path:
             "lr_schedule": lr_schedule, "student_config": to_dict(scfg),
             "embeddings": emb_info,
             "train_examples": len(train_ds), "augmented_examples": 0 if cfg.no_kd else len(aug_texts),
+            "unlabeled_examples": len(unlabeled_ds),
             "eval_examples": len(eval_ds), "teacher_logits": {"transfer": train_from, "eval": eval_from},
             "teacher_eval": teacher_metrics, "student_eval": student_metrics,
             "teacher_agreement": fidelity,

@@ -155,6 +155,42 @@ def test_val_fraction_holds_out_and_keeps_the_best_epoch(teacher_run, tmp_path):
     assert "held-out" in r.stdout
 
 
+def test_unlabeled_examples_join_the_transfer_set_with_teacher_labels(teacher_run, tmp_path):
+    """--unlabeled-examples N: the N training examples after --train-limit are labelled by the
+    teacher (their rows of the cached transfer logits are the teacher's logits for exactly those
+    texts) and the gold-labelled set stays the first --train-limit examples."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from compress.distill.teacher import CACHE_DIR, read_cache
+    from compress.distill.workflow import DistillConfig
+    from compress.finetune import load_task_data
+
+    out = tmp_path / "run"
+    r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",
+                "--max-length", "32", "--train-limit", "100", "--unlabeled-examples", "40",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "100 original + 0 augmented + 40 unlabeled" in r.stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["train_examples"], s["augmented_examples"], s["unlabeled_examples"]) == (100, 0, 40)
+    _, cached = read_cache(out / CACHE_DIR / "transfer.safetensors")
+    assert cached.shape[0] == 140
+    texts = load_task_data(DistillConfig(task="sample"))[1]["train"].texts
+    tok = AutoTokenizer.from_pretrained(teacher_run / "model")
+    model = AutoModelForSequenceClassification.from_pretrained(teacher_run / "model").eval()
+    with torch.no_grad():
+        enc = tok(texts[100:140], truncation=True, max_length=32, padding=True, return_tensors="pt")
+        expected = model(**enc).logits.numpy()
+    np.testing.assert_allclose(cached[100:], expected, atol=1e-4)
+    # more than the training split holds: all that follow --train-limit (256 - 100)
+    out2 = tmp_path / "all"
+    r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",
+                "--max-length", "32", "--train-limit", "100", "--unlabeled-examples", "1000",
+                "--out", str(out2))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out2 / "summary.json").read_text())["unlabeled_examples"] == 156
+
+
 def test_teacher_embeddings_are_copied(teacher_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "kimcnn", "--teacher", str(teacher_run), "--epochs", "1",
@@ -196,6 +232,9 @@ def other_labels(tmp_path_factory):
     (["--val-fraction", "0.5"], 2, "--val-fraction must be in [0, 0.5)"),
     (["--lr-schedule", "cosine"], 2, "unknown lr schedule 'cosine'; choose one of: constant, linear"),
     (["--weight-decay", "-1"], 2, "--weight-decay must be in [0, inf]"),
+    (["--unlabeled-examples", "10"], 2, "takes the training examples after the first --train-limit"),
+    (["--train-limit", "100", "--unlabeled-examples", "-1"], 2, "--unlabeled-examples must be in [0, inf]"),
+    (["--train-limit", "100", "--unlabeled-examples", "10", "--no-kd"], 2, "cannot be combined with --no-kd"),
 ])
 def test_bad_input_one_line_no_run_folder(teacher_run, tmp_path, args, code, needle):
     out = tmp_path / "run"
