@@ -8,6 +8,7 @@ tests/unit/test_analysis.py.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -279,16 +280,14 @@ def paired_comparison(a: Mapping[Any, float], b: Mapping[Any, float]) -> dict[st
     if not seeds:
         raise ValueError("the two variants share no seed")
     diffs = [float(a[s]) - float(b[s]) for s in seeds]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
     t = p = None
-    if n > 1:
+    if len(diffs) > 1:
         from scipy.stats import ttest_rel
 
         res = ttest_rel([float(a[s]) for s in seeds], [float(b[s]) for s in seeds])
         t, p = float(res.statistic), float(res.pvalue)
-    return {"seeds": seeds, "differences": diffs, "mean_difference": mean, "sd_difference": sd,
+    return {"seeds": seeds, "differences": diffs, "mean_difference": statistics.mean(diffs),
+            "sd_difference": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
             "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs),
             "ties": sum(d == 0 for d in diffs), "t": t, "p": p}
 
