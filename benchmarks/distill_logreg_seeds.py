@@ -35,6 +35,8 @@ from compress.finetune import load_task_data  # noqa: E402
 from compress.models import load_tokenizer  # noqa: E402
 from compress.runs import artifacts_root, environment, write_json  # noqa: E402
 
+OPERATORS = ("p_mask", "p_pos", "p_ngram", "max_ngram")  # the augmentation operators' settings
+
 
 def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[str, float]]:
     """The task's dev score (accuracy; micro-F1 for multi-label tasks, one-vs-rest) of sklearn's
@@ -86,6 +88,10 @@ def main(argv=None) -> int:
                    help="seed of the held-out split and augmented copies (default: the first seed); "
                         "fix it to run seeds in separate calls over one --teacher-cache")
     p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
+    for flag in OPERATORS:
+        default = DistillConfig.__dataclass_fields__[flag].default
+        p.add_argument("--" + flag.replace("_", "-"), type=type(default), default=default,
+                       help=f"with --augment: as compress distill (default {default})")
     p.add_argument("--unlabeled-examples", type=int, default=0,
                    help="training examples after --train-limit that the KD runs see with teacher labels only")
     p.add_argument("--val-fraction", type=float, default=0.0, help="held-out share for epoch selection")
@@ -115,6 +121,8 @@ def main(argv=None) -> int:
                                 data_dir=args.data_dir, train_limit=args.train_limit,
                                 max_length=args.max_length, epochs=args.epochs, seed=seed,
                                 no_kd=mode == "no-kd", augment=0 if mode == "no-kd" else args.augment,
+                                **({} if mode == "no-kd" or not args.augment else
+                                   {f: getattr(args, f) for f in OPERATORS}),
                                 unlabeled_examples=0 if mode == "no-kd" else args.unlabeled_examples,
                                 data_seed=data_seed, val_fraction=args.val_fraction,
                                 kd_loss=args.kd_loss, kd_lambda=args.kd_lambda,

@@ -30,6 +30,13 @@ HELPS = {
     "val_fraction": "hold out this share of the training examples (not trained on, not augmented) "
                     "and keep the student's best epoch on them (default 0: the last epoch)",
     "augment": "augmented copies per training example (Tang et al. 2019); needs NLTK tagger data",
+    "p_mask": "--augment: probability of masking each word (the defaults of the operators are "
+              "Tang et al. 2019's)",
+    "p_pos": "--augment: probability of replacing each word by another of its POS tag",
+    "p_ngram": "--augment: probability of cutting a copy to an n-gram of 1..--max-ngram words, "
+               "or sentences for a multi-sentence document",
+    "max_ngram": "--augment: longest n-gram that --p-ngram keeps",
+    "p_shuffle": "--augment: probability of shuffling the sentences of a multi-sentence document",
     "unlabeled_examples": "N more training examples after --train-limit whose gold labels stay hidden: "
                           "the teacher labels them for the transfer set (not augmented)",
     "data_seed": "seed of the --val-fraction split and the augmented copies (default: --seed); fix it "

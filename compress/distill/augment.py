@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from compress.config import check_range
-from compress.errors import DataError
+from compress.errors import DataError, UsageError
 
 TAGGER_PACKAGE = "averaged_perceptron_tagger_eng"
 NLTK_RESOURCES = {TAGGER_PACKAGE: f"taggers/{TAGGER_PACKAGE}/", "punkt_tab": "tokenizers/punkt_tab/english/"}
@@ -52,6 +52,8 @@ class AugmentConfig:
         for name in ("p_mask", "p_pos", "p_ngram", "p_shuffle"):
             check_range(name, getattr(self, name), 0, 1)
         check_range("max_ngram", self.max_ngram, 1)
+        if self.p_mask + self.p_pos > 1:  # one draw per word decides between the two
+            raise UsageError(f"--p-mask {self.p_mask} plus --p-pos {self.p_pos} exceeds 1; lower one of them")
 
 
 # -- NLTK data ----------------------------------------------------------------------------------

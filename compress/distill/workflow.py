@@ -63,6 +63,14 @@ class DistillConfig:
     eval_limit: int | None = None
     max_length: int = 128
     augment: int = 0
+    # the operators of each augmented copy (Tang et al. 2019, section 3.3; their values are the
+    # defaults): mask a word, replace it by a word of the same POS tag, keep an n-gram of 1..max_ngram
+    # words (sentences for documents), shuffle a document's sentences
+    p_mask: float = 0.1
+    p_pos: float = 0.1
+    p_ngram: float = 0.25
+    max_ngram: int = 5
+    p_shuffle: float = 0.5
     # training examples after the first --train-limit whose gold labels stay hidden: the teacher
     # labels them and they join the transfer set as they are (not augmented, no task loss)
     unlabeled_examples: int = 0
@@ -102,6 +110,15 @@ class DistillConfig:
             raise UsageError(f"--temperature {self.temperature} has no effect with --kd-loss mse (it "
                              "compares raw logits); drop --temperature or use --kd-loss kl")
         check_range("augment", self.augment, 0)
+        self.augment_config()  # checks the operator probabilities
+        operators = ("p_mask", "p_pos", "p_ngram", "max_ngram", "p_shuffle")
+        changed = [n for n in operators if getattr(self, n) != DistillConfig.__dataclass_fields__[n].default]
+        if changed and not self.augment:
+            flags = " ".join(f"--{n.replace('_', '-')} {getattr(self, n)}" for n in changed)
+            raise UsageError(f"{flags} has no effect without augmented copies; add --augment N or drop it")
+        if self.augment and self.p_mask == self.p_pos == self.p_ngram == self.p_shuffle == 0:
+            raise UsageError(f"--augment {self.augment} with --p-mask, --p-pos, --p-ngram and --p-shuffle "
+                             "all 0 would only repeat the examples; raise one of them above 0")
         check_range("val_fraction", self.val_fraction, 0, 0.5, hi_open=True)
         check_range("max_length", self.max_length, 8, 512)
         check_range("epochs", self.epochs, 1)
@@ -127,6 +144,11 @@ class DistillConfig:
         if self.no_kd and self.augment:
             raise UsageError("--augment needs teacher labels; it cannot be combined with --no-kd "
                              "(augmented examples have no gold label)")
+
+    def augment_config(self, seed: int = 42, mask_token: str = "[MASK]") -> AugmentConfig:
+        return AugmentConfig(copies=self.augment, p_mask=self.p_mask, p_pos=self.p_pos,
+                             p_ngram=self.p_ngram, max_ngram=self.max_ngram, p_shuffle=self.p_shuffle,
+                             mask_token=mask_token, seed=seed)
 
     def data_options(self) -> DataOptions:
         return DataOptions(data_dir_from_env(self.data_dir), self.text_column,
@@ -236,8 +258,7 @@ def run_distill(cfg: DistillConfig) -> Path:
                                    max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
                                    kd_loss=cfg.kd_loss, multilabel=multilabel)
-    aug_cfg = AugmentConfig(copies=cfg.augment, seed=data_seed,
-                            mask_token=tokenizer.mask_token or "[MASK]")
+    aug_cfg = cfg.augment_config(seed=data_seed, mask_token=tokenizer.mask_token or "[MASK]")
     device = _device()
     mode = "no-kd" if cfg.no_kd else "kd"
 

@@ -191,6 +191,29 @@ def test_unlabeled_examples_join_the_transfer_set_with_teacher_labels(teacher_ru
     assert json.loads((out2 / "summary.json").read_text())["unlabeled_examples"] == 156
 
 
+def test_augmentation_operator_flags_reach_the_transfer_set(teacher_run, tmp_path, nltk_data):
+    """--p-mask 1 --p-pos 0 --p-ngram 0: every augmented copy is its example with every word masked;
+    the cached transfer logits are keyed by exactly those texts."""
+    from compress.distill.augment import AugmentConfig, augment_texts, split_words
+    from compress.distill.teacher import CACHE_DIR, read_cache, teacher_fingerprint, transfer_key
+    from compress.distill.workflow import DistillConfig
+    from compress.finetune import load_task_data
+
+    out = tmp_path / "run"
+    r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",
+                "--max-length", "32", "--train-limit", "20", "--augment", "2", "--p-mask", "1",
+                "--p-pos", "0", "--p-ngram", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    texts = load_task_data(DistillConfig(task="sample"))[1]["train"].texts[:20]
+    copies, _ = augment_texts(texts, None, AugmentConfig(copies=2, p_mask=1, p_pos=0, p_ngram=0, seed=42))
+    # independently of the augmenter: one [MASK] per word or punctuation mark of the example
+    assert copies == [" ".join(["[MASK]"] * len(split_words(t))) for t in texts for _ in range(2)]
+    key, cached = read_cache(out / CACHE_DIR / "transfer.safetensors")
+    assert cached.shape[0] == 60
+    assert key == transfer_key(teacher_fingerprint(teacher_run / "model"), texts + copies, None, 32)
+    assert "p_mask: 1.0" in (out / "config.yaml").read_text().splitlines()
+
+
 def test_teacher_embeddings_are_copied(teacher_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "kimcnn", "--teacher", str(teacher_run), "--epochs", "1",
@@ -235,6 +258,12 @@ def other_labels(tmp_path_factory):
     (["--unlabeled-examples", "10"], 2, "takes the training examples after the first --train-limit"),
     (["--train-limit", "100", "--unlabeled-examples", "-1"], 2, "--unlabeled-examples must be in [0, inf]"),
     (["--train-limit", "100", "--unlabeled-examples", "10", "--no-kd"], 2, "cannot be combined with --no-kd"),
+    (["--p-mask", "0.3"], 2, "--p-mask 0.3 has no effect without augmented copies; add --augment N"),
+    (["--augment", "2", "--p-ngram", "1.5"], 2, "--p-ngram must be in [0, 1], got 1.5"),
+    (["--augment", "2", "--max-ngram", "0"], 2, "--max-ngram must be in [1, inf], got 0"),
+    (["--augment", "2", "--p-mask", "0.6", "--p-pos", "0.6"], 2, "--p-mask 0.6 plus --p-pos 0.6 exceeds 1"),
+    (["--augment", "2", "--p-mask", "0", "--p-pos", "0", "--p-ngram", "0", "--p-shuffle", "0"], 2,
+     "would only repeat the examples"),
 ])
 def test_bad_input_one_line_no_run_folder(teacher_run, tmp_path, args, code, needle):
     out = tmp_path / "run"

@@ -143,6 +143,23 @@ def test_config_ranges():
         AugmentConfig(copies=-1)
     with pytest.raises(UsageError, match="--p-mask"):
         AugmentConfig(p_mask=1.5)
+    with pytest.raises(UsageError, match="--p-mask 0.5 plus --p-pos 0.6 exceeds 1"):
+        AugmentConfig(p_mask=0.5, p_pos=0.6)
+    AugmentConfig(p_mask=0.5, p_pos=0.5)  # the whole draw shared out is allowed
+
+
+def test_distill_defaults_are_tang_et_al():
+    """compress distill's operator defaults are Tang et al. (2019)'s: p_mask = p_pos = 0.1,
+    p_ng = 0.25, n-grams of 1..5; its flags reach the augmenter's config."""
+    from compress.distill.workflow import DistillConfig
+
+    cfg = DistillConfig(augment=20).augment_config(seed=3)
+    assert (cfg.p_mask, cfg.p_pos, cfg.p_ngram, cfg.max_ngram) == (0.1, 0.1, 0.25, 5)
+    assert cfg == AugmentConfig(copies=20, seed=3)
+    cfg = DistillConfig(augment=2, p_mask=0.0, p_pos=0.3, p_ngram=1.0, max_ngram=2,
+                        p_shuffle=0.0).augment_config()
+    assert (cfg.copies, cfg.p_mask, cfg.p_pos, cfg.p_ngram, cfg.max_ngram, cfg.p_shuffle) == (
+        2, 0.0, 0.3, 1.0, 2, 0.0)
 
 
 def test_missing_tagger_data_names_the_download_command(tmp_path, monkeypatch):
