@@ -35,7 +35,7 @@ from compress.finetune import load_task_data  # noqa: E402
 from compress.models import load_tokenizer  # noqa: E402
 from compress.runs import artifacts_root, environment, write_json  # noqa: E402
 
-OPERATORS = ("p_mask", "p_pos", "p_ngram", "max_ngram")  # the augmentation operators' settings
+OPERATORS = ("p_mask", "p_pos", "p_ngram", "max_ngram", "p_shuffle")  # the augmentation operators
 
 
 def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[str, float]]:
