@@ -30,12 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compress.analysis import paired_comparison  # noqa: E402
+from compress.distill.augment import OPERATORS, AugmentConfig  # noqa: E402
 from compress.distill.workflow import DistillConfig, run_distill  # noqa: E402
 from compress.finetune import load_task_data  # noqa: E402
 from compress.models import load_tokenizer  # noqa: E402
 from compress.runs import artifacts_root, environment, write_json  # noqa: E402
-
-OPERATORS = ("p_mask", "p_pos", "p_ngram", "max_ngram", "p_shuffle")  # the augmentation operators
 
 
 def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[str, float]]:
@@ -89,7 +88,7 @@ def main(argv=None) -> int:
                         "fix it to run seeds in separate calls over one --teacher-cache")
     p.add_argument("--augment", type=int, default=0, help="augmented copies per example (KD runs)")
     for flag in OPERATORS:
-        default = DistillConfig.__dataclass_fields__[flag].default
+        default = getattr(AugmentConfig, flag)
         p.add_argument("--" + flag.replace("_", "-"), type=type(default), default=default,
                        help=f"with --augment: as compress distill (default {default})")
     p.add_argument("--unlabeled-examples", type=int, default=0,

@@ -36,6 +36,10 @@ TAGGER_PACKAGE = "averaged_perceptron_tagger_eng"
 NLTK_RESOURCES = {TAGGER_PACKAGE: f"taggers/{TAGGER_PACKAGE}/", "punkt_tab": "tokenizers/punkt_tab/english/"}
 
 
+# The settings of the operators (the fields of AugmentConfig that ``compress distill`` exposes as flags).
+OPERATORS = ("p_mask", "p_pos", "p_ngram", "max_ngram", "p_shuffle")
+
+
 @dataclass(frozen=True)
 class AugmentConfig:
     copies: int = 0

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from compress.config import check_choice, check_range, to_dict
-from compress.distill.augment import AugmentConfig, augment_texts, require_nltk_data
+from compress.distill.augment import OPERATORS, AugmentConfig, augment_texts, require_nltk_data
 from compress.distill.embeddings import (
     check_embed_dim,
     check_embedding_spec,
@@ -63,14 +63,14 @@ class DistillConfig:
     eval_limit: int | None = None
     max_length: int = 128
     augment: int = 0
-    # the operators of each augmented copy (Tang et al. 2019, section 3.3; their values are the
-    # defaults): mask a word, replace it by a word of the same POS tag, keep an n-gram of 1..max_ngram
-    # words (sentences for documents), shuffle a document's sentences
-    p_mask: float = 0.1
-    p_pos: float = 0.1
-    p_ngram: float = 0.25
-    max_ngram: int = 5
-    p_shuffle: float = 0.5
+    # the operators of each augmented copy, defaults from AugmentConfig (Tang et al. 2019's values):
+    # mask a word, replace it by a word of the same POS tag, keep an n-gram of 1..max_ngram words
+    # (sentences for documents), shuffle a document's sentences
+    p_mask: float = AugmentConfig.p_mask
+    p_pos: float = AugmentConfig.p_pos
+    p_ngram: float = AugmentConfig.p_ngram
+    max_ngram: int = AugmentConfig.max_ngram
+    p_shuffle: float = AugmentConfig.p_shuffle
     # training examples after the first --train-limit whose gold labels stay hidden: the teacher
     # labels them and they join the transfer set as they are (not augmented, no task loss)
     unlabeled_examples: int = 0
@@ -109,10 +109,8 @@ class DistillConfig:
         if self.kd_loss == "mse" and self.temperature != 1.0:
             raise UsageError(f"--temperature {self.temperature} has no effect with --kd-loss mse (it "
                              "compares raw logits); drop --temperature or use --kd-loss kl")
-        check_range("augment", self.augment, 0)
-        self.augment_config()  # checks the operator probabilities
-        operators = ("p_mask", "p_pos", "p_ngram", "max_ngram", "p_shuffle")
-        changed = [n for n in operators if getattr(self, n) != DistillConfig.__dataclass_fields__[n].default]
+        self.augment_config()  # checks --augment and the operators' ranges
+        changed = [n for n in OPERATORS if getattr(self, n) != getattr(AugmentConfig, n)]
         if changed and not self.augment:
             flags = " ".join(f"--{n.replace('_', '-')} {getattr(self, n)}" for n in changed)
             raise UsageError(f"{flags} has no effect without augmented copies; add --augment N or drop it")
@@ -146,9 +144,8 @@ class DistillConfig:
                              "(augmented examples have no gold label)")
 
     def augment_config(self, seed: int = 42, mask_token: str = "[MASK]") -> AugmentConfig:
-        return AugmentConfig(copies=self.augment, p_mask=self.p_mask, p_pos=self.p_pos,
-                             p_ngram=self.p_ngram, max_ngram=self.max_ngram, p_shuffle=self.p_shuffle,
-                             mask_token=mask_token, seed=seed)
+        return AugmentConfig(copies=self.augment, mask_token=mask_token, seed=seed,
+                             **{n: getattr(self, n) for n in OPERATORS})
 
     def data_options(self) -> DataOptions:
         return DataOptions(data_dir_from_env(self.data_dir), self.text_column,
