@@ -25,9 +25,9 @@ def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_str
         raise ModelError("SQuAD features need a fast (Rust) tokenizer for offset mapping; "
                          "use a model folder with tokenizer.json")
     try:
-        return tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
-                         truncation="only_second", max_length=max_length, stride=doc_stride,
-                         return_overflowing_tokens=True, return_offsets_mapping=True, padding=False)
+        enc = tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
+                        truncation="only_second", max_length=max_length, stride=doc_stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, padding=False)
     except Exception as exc:  # noqa: BLE001 - the Rust tokenizer refuses windows with no context room
         from compress.errors import DataError
 
@@ -35,6 +35,41 @@ def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_str
         raise DataError(f"cannot cut windows of {max_length} tokens with {doc_stride} tokens of overlap "
                         f"(longest question: {longest.qid}, {len(longest.question)} characters; "
                         f"{type(exc).__name__}); raise --max-length or lower --doc-stride") from None
+    check_windows_cover_contexts(tokenizer, examples, enc)
+    return enc
+
+
+def check_windows_cover_contexts(tokenizer, examples: Sequence[QAExample], enc) -> None:
+    """Raise ModelError when the windows of an example stop before the end of its context.
+
+    tokenizers 0.23.1 and 0.23.2 return only the first one or two overflow windows of a truncated
+    encoding (huggingface/tokenizers#2091): a 612-token context in windows of 64 gave 2 windows
+    instead of 15, so most of every long context would silently drop out of training and evaluation.
+    Each example's windows must reach its context's last token. The context is tokenized alone only
+    for the examples whose windows end before its last non-space character (none when the
+    tokenizer is sound, except where normalization drops trailing characters).
+    """
+    reach: dict[int, int] = {}
+    for i, sample in enumerate(enc["overflow_to_sample_mapping"]):
+        ends = [o[1] for o, s in zip(enc["offset_mapping"][i], enc.sequence_ids(i)) if s == 1]
+        reach[sample] = max([reach.get(sample, 0), *ends])
+    short = [j for j, e in enumerate(examples) if reach.get(j, 0) < len(e.context.rstrip())]
+    if not short:
+        return
+    alone = tokenizer([examples[j].context for j in short], add_special_tokens=False,
+                      return_offsets_mapping=True, verbose=False)["offset_mapping"]
+    for j, offsets in zip(short, alone):
+        last = max((o[1] for o in offsets), default=0)
+        if reach.get(j, 0) < last:
+            import tokenizers
+
+            from compress.errors import ModelError
+
+            raise ModelError(
+                f"the tokenizer's windows cover only the first {reach.get(j, 0)} of {last} characters "
+                f"of the context of example {examples[j].qid} (tokenizers {tokenizers.__version__}; "
+                "0.23.1 and 0.23.2 drop overflow windows, huggingface/tokenizers#2091); "
+                "pip install 'tokenizers>=0.23.3'")
 
 
 def _context_range(seq_ids: list) -> tuple[int, int]:

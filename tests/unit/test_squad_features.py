@@ -63,3 +63,42 @@ def test_question_too_long_for_the_window_is_a_data_error(tok):
     ex = QAExample("long-q", "T", "Short context here.", " ".join(["why"] * 60), ("Short",), (0,))
     with pytest.raises(DataError, match="longest question: long-q"):
         prepare_train_features(tok, [ex], max_length=48, doc_stride=16)
+
+
+class _DropsOverflowWindows:
+    """The real tokenizer, returning only the first ``keep`` windows of an overflowing encoding,
+    as tokenizers 0.23.1 and 0.23.2 do (huggingface/tokenizers#2091)."""
+
+    is_fast = True
+
+    def __init__(self, tok, keep: int):
+        self.tok, self.keep = tok, keep
+
+    def __call__(self, *args, **kwargs):
+        from transformers import BatchEncoding
+
+        enc = self.tok(*args, **kwargs)
+        if not kwargs.get("return_overflowing_tokens"):
+            return enc
+        return BatchEncoding({k: v[:self.keep] for k, v in enc.items()}, encoding=enc.encodings[:self.keep])
+
+
+@pytest.mark.parametrize("prepare", [prepare_train_features, prepare_eval_features])
+def test_windows_that_stop_before_the_end_of_the_context_are_a_model_error(tok, prepare):
+    from compress.errors import ModelError
+
+    ex = _long_example()
+    windows = prepare(tok, [ex], max_length=64, doc_stride=16)
+    last = max(o[1] for o in tok(ex.context, return_offsets_mapping=True, verbose=False)["offset_mapping"])
+    assert last == len(ex.context)  # the context ends in a token (checked independently of the guard)
+    assert len(prepare(_DropsOverflowWindows(tok, len(windows)), [ex], 64, 16)) == len(windows)
+    with pytest.raises(ModelError, match=rf"cover only the first \d+ of {last} characters of the context "
+                                         r"of example q1 .*tokenizers>=0\.23\.3"):
+        prepare(_DropsOverflowWindows(tok, 2), [ex], max_length=64, doc_stride=16)
+
+
+def test_characters_the_tokenizer_drops_at_the_end_of_a_context_are_no_error(tok):
+    ex = _long_example()
+    padded = QAExample("q2", "T", ex.context + " \u200b\u200b", ex.question, ex.answers, ex.answer_starts)
+    # a zero-width space is normalized away: the last window ends before the context's last character
+    assert len(prepare_eval_features(tok, [padded], 64, 16)) == len(prepare_eval_features(tok, [ex], 64, 16))
