@@ -66,8 +66,10 @@ class CountingMaskHook(TrainHook):
 
     def on_step_end(self, model, step):
         self.calls += 1
+        w = model.classifier.weight
+        self.mask = self.mask.to(w.device)  # a resumed state is loaded on the CPU
         with torch.no_grad():
-            model.classifier.weight.mul_(self.mask)
+            w.mul_(self.mask)
 
     def state_dict(self):
         return {"mask": self.mask.clone(), "calls": self.calls}
@@ -80,7 +82,8 @@ CFG = dict(lr=1e-3, max_steps=9, batch_size=8, max_length=24, log_every=2, warmu
 
 
 def _params(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor)}
 
 
 # ---------------------------------------------------------------------------------------------------
