@@ -51,8 +51,8 @@ def check_windows_cover_contexts(tokenizer, examples: Sequence[QAExample], enc) 
     """
     reach: dict[int, int] = {}
     for i, sample in enumerate(enc["overflow_to_sample_mapping"]):
-        ends = [o[1] for o, s in zip(enc["offset_mapping"][i], enc.sequence_ids(i)) if s == 1]
-        reach[sample] = max([reach.get(sample, 0), *ends])
+        _, last_tok = _context_range(enc.sequence_ids(i))
+        reach[sample] = max(reach.get(sample, 0), enc["offset_mapping"][i][last_tok][1])
     short = [j for j, e in enumerate(examples) if reach.get(j, 0) < len(e.context.rstrip())]
     if not short:
         return
