@@ -118,3 +118,19 @@ def write_tiny_squad(folder: Path, n_articles: int = 3) -> Path:
     ]}]} for i in range(n_articles)]
     (folder / "dev-v1.1.json").write_text(json.dumps({"data": arts}))
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory):
+    """``tiny_encoder(arch)`` -> folder of a tiny random encoder of ``arch`` (tests/tiny_encoders.py),
+    built once per session and architecture."""
+    from tests.tiny_encoders import save_tiny_encoder
+
+    built: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in built:
+            built[arch] = save_tiny_encoder(arch, tmp_path_factory.mktemp(f"tiny_{arch}"))
+        return built[arch]
+
+    return make
