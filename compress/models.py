@@ -119,9 +119,12 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
 
 
 def register_model_types() -> None:
-    """Make ``compress_bert`` (a structured-pruned BERT: per-layer head and FFN sizes) loadable by
-    the transformers Auto classes; every place that loads a saved model calls this first."""
-    import compress.pruning.structured  # noqa: F401 - registers the type on import
+    """Make the ``compress_<type>`` models (structured-pruned encoders: per-layer head and FFN sizes,
+    ``compress_bert``, ``compress_roberta``, ``compress_modernbert``, ...) loadable by the
+    transformers Auto classes; every place that loads a saved model calls this first."""
+    from compress.pruning.modeling_pruned import register_auto_classes
+
+    register_auto_classes()
 
 
 def fresh_head(model) -> None:
@@ -140,7 +143,10 @@ def fresh_head(model) -> None:
 
 
 def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
-    """Hugging Face format (safetensors) plus the project's metadata."""
+    """Hugging Face format (safetensors) plus the project's metadata. A structured-pruned model's
+    ``save_pretrained`` also writes its loading code and ``auto_map``
+    (``compress.pruning.modeling_pruned``), so the folder loads with ``trust_remote_code=True`` where
+    compress is not installed."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

@@ -1,19 +1,32 @@
-"""Structured pruning for speed: remove whole attention heads and FFN neurons of a BERT encoder.
+"""Structured pruning for speed: remove whole attention heads and FFN neurons of any encoder in the
+role table (``compress.architectures``: the BERT family, DistilBERT, ALBERT, DeBERTa-v2/v3, ModernBERT).
 
-Importance is the L2 magnitude of each group's weights (torch-pruning's ``MagnitudeImportance``
-on the dependency groups its ``MetaPruner`` builds: a head = its Q, K, V rows and the matching
-columns of the attention output projection; an FFN neuron = its intermediate row and output
-column), divided by the mean over its layer's groups (torch-pruning's default normalizer), so
-layers are compared on relative, not absolute, magnitudes. Ranking is across layers, so layers
-keep different head counts and FFN widths. The hidden size
-(the residual stream) is never pruned.
+Groups. A head owns its rows of the query, key and value matrices (the q, k and v blocks of a
+fused ``qkv``; DeBERTa's ``pos_query``/``pos_key`` when present) and its columns of ``attn_out``;
+an FFN neuron owns its ``ffn_in`` row (a gated FFN: its input *and* gate rows) and its ``ffn_out``
+column. Removing a group removes exactly its contribution to the layer output, so the pruned model
+computes what the unpruned one computes with those heads/neurons zeroed.
 
-Stock BERT cannot load such a model: ``BertConfig`` has one ``intermediate_size`` and one head
-count for all layers. ``CompressBertConfig`` (model type ``compress_bert``) adds ``layer_heads``
-and ``layer_intermediate``, and the ``CompressBert*`` classes build each layer at its own size
-before the weights are loaded. Importing this module registers them with the ``Auto*`` classes,
-so ``AutoModelForSequenceClassification.from_pretrained(folder)`` works in a fresh process after
-``import compress.pruning.structured`` (no remote code).
+Importance. The L2 norm of all weights of a group (biases not counted), divided by the mean over
+its layer's groups of the same kind, so layers are compared on relative, not absolute,
+magnitudes; heads are ranked against heads and neurons against neurons across all layers, and the
+``round(sparsity * total)`` lowest go. Layers therefore keep different head counts and FFN widths.
+The hidden size (the residual stream) is never pruned.
+
+Why slices from the table and not torch-pruning's ``MetaPruner``: the MetaPruner finds groups by
+tracing autograd, which cannot follow DeBERTa's disentangled attention (the relative-position
+projections reuse the key/query matrices on another input) or ModernBERT's fused, rotary,
+GLU layers; the role table already says which rows and columns belong to each head and neuron,
+so the slicing is done from it, the same way for every architecture.
+
+ALBERT shares its layer weights across depth: each shared layer is pruned once (its heads count
+once in the ranking), and every pass through it runs the pruned layer.
+
+Loading. A stock config holds one size for all layers; ``compress.pruning.modeling_pruned`` adds
+``Compress<T>Config`` (model type ``compress_<t>``) with ``layer_heads`` / ``layer_intermediate``
+and model classes that build each layer at its size. Importing this module registers them with
+the transformers Auto classes; a saved pruned model also carries that file and an ``auto_map``,
+so ``from_pretrained(folder, trust_remote_code=True)`` works without compress.
 """
 
 from __future__ import annotations
@@ -22,197 +35,224 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForSequenceClassification,
-    BertConfig,
-    BertForSequenceClassification,
-    BertModel,
-)
 
+from compress.architectures import (
+    HEAD_ROW_ROLES,
+    SUPPORTED,
+    EncoderLayer,
+    EncoderLayout,
+    encoder_layers,
+    find_layout,
+    head_layout,
+    head_slices,
+)
 from compress.config import check_range
 from compress.errors import ModelError, UsageError
+from compress.pruning.modeling_pruned import (
+    PRUNED_CLASS_OF,
+    PRUNED_CLASSES,
+    register_auto_classes,
+    set_head_attrs,
+)
 
 STRUCTURED_TARGETS = ("heads", "ffn")
+IMPORTANCE = ("L2 norm of each head's / FFN neuron's weights (rows of Q, K, V or of the fused qkv blocks, "
+              "position projections if any, columns of the attention output; FFN input row(s), gate "
+              "row included, and output column) divided by its layer's mean, ranked across layers")
+
+register_auto_classes()
+
+# the pruned BERT classes by their historical names (saved folders have model type compress_bert)
+CompressBertConfig = PRUNED_CLASSES["bert"]["AutoConfig"]
+CompressBertModel = PRUNED_CLASSES["bert"]["AutoModel"]
+CompressBertForSequenceClassification = PRUNED_CLASSES["bert"]["AutoModelForSequenceClassification"]
 
 
-class CompressBertConfig(BertConfig):
-    """BertConfig plus per-layer attention head counts and FFN widths (None = the uniform size)."""
-
-    model_type = "compress_bert"
-
-    def __init__(self, layer_heads: list[int] | None = None, layer_intermediate: list[int] | None = None,
-                 **kwargs):
-        super().__init__(**kwargs)
-        self.layer_heads = list(layer_heads) if layer_heads is not None else None
-        self.layer_intermediate = list(layer_intermediate) if layer_intermediate is not None else None
-
-
-def _resize_layers(bert: BertModel, config: CompressBertConfig) -> None:
-    """Rebuild each layer's Q/K/V/O and FFN linears at that layer's size (weights load afterwards)."""
-    hidden = config.hidden_size
-    head_size = hidden // config.num_attention_heads
-    for i, layer in enumerate(bert.encoder.layer):
-        if config.layer_heads is not None:
-            width = config.layer_heads[i] * head_size
-            att = layer.attention.self
-            att.query = nn.Linear(hidden, width)
-            att.key = nn.Linear(hidden, width)
-            att.value = nn.Linear(hidden, width)
-            att.num_attention_heads = config.layer_heads[i]
-            att.all_head_size = width
-            layer.attention.output.dense = nn.Linear(width, hidden)
-        if config.layer_intermediate is not None:
-            width = config.layer_intermediate[i]
-            layer.intermediate.dense = nn.Linear(hidden, width)
-            layer.output.dense = nn.Linear(width, hidden)
+def _head_index(layer: EncoderLayer, role: str, heads: list[int], head_dim: int) -> dict[int, torch.Tensor]:
+    """dim -> sorted row/column indices that ``heads`` own in ``role`` (sorted keeps q|k|v order)."""
+    w = layer.linears[role].weight
+    spans = head_slices(role, tuple(w.shape), head_dim)
+    out: dict[int, list[int]] = {}
+    for h in heads:
+        for dim, start, stop in spans[h]:
+            out.setdefault(dim, []).extend(range(start, stop))
+    return {dim: torch.tensor(sorted(ix), dtype=torch.long, device=w.device) for dim, ix in out.items()}
 
 
-class CompressBertModel(BertModel):
-    config_class = CompressBertConfig
-
-    def __init__(self, config: CompressBertConfig, add_pooling_layer: bool = True):
-        super().__init__(config, add_pooling_layer=add_pooling_layer)
-        _resize_layers(self, config)
-        self.post_init()
+def _neuron_index(layer: EncoderLayer, layout: EncoderLayout, neurons: list[int]) -> torch.Tensor:
+    """ffn_in rows of ``neurons`` (a gated FFN: input rows, then gate rows at the same offsets)."""
+    width = ffn_size(layer)
+    rows = list(neurons) + ([width + j for j in neurons] if layout.glu else [])
+    return torch.tensor(rows, dtype=torch.long, device=layer.linears["ffn_in"].weight.device)
 
 
-class CompressBertForSequenceClassification(BertForSequenceClassification):
-    config_class = CompressBertConfig
-
-    def __init__(self, config: CompressBertConfig):
-        super().__init__(config)
-        _resize_layers(self.bert, config)
-        self.post_init()
+def ffn_size(layer: EncoderLayer) -> int:
+    return layer.linears["ffn_out"].in_features
 
 
-AutoConfig.register("compress_bert", CompressBertConfig, exist_ok=True)
-AutoModel.register(CompressBertConfig, CompressBertModel, exist_ok=True)
-AutoModelForSequenceClassification.register(CompressBertConfig, CompressBertForSequenceClassification,
-                                            exist_ok=True)
+def head_count(layer: EncoderLayer, head_dim: int) -> int:
+    return layer.linears["attn_out"].in_features // head_dim
+
+
+@torch.no_grad()
+def head_scores(layer: EncoderLayer, head_dim: int) -> torch.Tensor:
+    """``[heads]``: L2 norm of each head's weights over every role matrix it owns a slice of."""
+    squares = torch.zeros(head_count(layer, head_dim), dtype=torch.float64)
+    for role, lin in layer.linears.items():
+        if role not in HEAD_ROW_ROLES and role != "attn_out":
+            continue
+        w = lin.weight.detach().double().cpu()
+        for h, spans in enumerate(head_slices(role, tuple(w.shape), head_dim)):
+            for dim, start, stop in spans:
+                squares[h] += w.narrow(dim, start, stop - start).pow(2).sum()
+    return squares.sqrt()
+
+
+@torch.no_grad()
+def neuron_scores(layer: EncoderLayer, layout: EncoderLayout) -> torch.Tensor:
+    """``[ffn]``: L2 norm of each FFN neuron's input row(s) and output column."""
+    width = ffn_size(layer)
+    w_in = layer.linears["ffn_in"].weight.detach().double().cpu()
+    w_out = layer.linears["ffn_out"].weight.detach().double().cpu()
+    squares = w_in[:width].pow(2).sum(1) + w_out.pow(2).sum(0)
+    if layout.glu:
+        squares += w_in[width:].pow(2).sum(1)
+    return squares.sqrt()
+
+
+def plan_removal(scores: list[torch.Tensor], sparsity: float, unit: str) -> list[list[int]]:
+    """Per layer, the indices to keep after removing ``round(sparsity * total)`` of the units with the
+    lowest layer-normalised score, ranked across layers (ties: earlier layer, lower index first).
+
+    ModelError, before anything changes, when that would empty a layer or when the sparsity is too
+    small to remove a single unit.
+    """
+    total = sum(len(s) for s in scores)
+    n_remove = round(sparsity * total)
+    if sparsity > 0 and n_remove == 0:
+        raise ModelError(f"sparsity {sparsity} of {total} {unit} removes none (one {unit[:-1]} is "
+                         f"{1 / total:.1%}); use a --sparsity of at least {1 / (2 * total):.3f}")
+    normalised = torch.cat([s / s.mean().clamp_min(1e-30) for s in scores])
+    order = torch.argsort(normalised, stable=True)[:n_remove].tolist()
+    removed: list[set[int]] = [set() for _ in scores]
+    offsets = [0]
+    for s in scores:
+        offsets.append(offsets[-1] + len(s))
+    for flat in order:
+        layer = next(i for i in range(len(scores)) if flat < offsets[i + 1])
+        removed[layer].add(flat - offsets[layer])
+    keep = [[j for j in range(len(s)) if j not in gone] for s, gone in zip(scores, removed)]
+    emptied = [i for i, k in enumerate(keep) if not k]
+    if emptied:
+        raise ModelError(f"removing {sparsity:.0%} of the {unit} ({n_remove} of {total}) ranked across "
+                         f"layers would leave layer {emptied[0]} with none; use a lower --sparsity")
+    return keep
+
+
+def _keep(lin: nn.Linear, dim: int, index: torch.Tensor) -> None:
+    """Keep only ``index`` along ``dim`` of ``lin`` (rows: outputs and bias; columns: inputs), in place."""
+    grad = lin.weight.requires_grad
+    lin.weight = nn.Parameter(lin.weight.detach().index_select(dim, index).clone(), requires_grad=grad)
+    if dim == 0:
+        if lin.bias is not None:
+            lin.bias = nn.Parameter(lin.bias.detach().index_select(0, index).clone(),
+                                    requires_grad=lin.bias.requires_grad)
+        lin.out_features = len(index)
+    else:
+        lin.in_features = len(index)
 
 
 def layer_sizes(model: nn.Module) -> dict[str, list[int]]:
-    """Per-layer head counts and FFN widths of a (possibly pruned) BERT, read from the weights."""
-    bert = getattr(model, "bert", model)
-    head_size = bert.config.hidden_size // bert.config.num_attention_heads
-    return {"heads": [lay.attention.self.query.out_features // head_size for lay in bert.encoder.layer],
-            "ffn": [lay.intermediate.dense.out_features for lay in bert.encoder.layer]}
+    """Per-layer head counts and FFN widths of a (possibly pruned) encoder, read from its weights."""
+    layers = encoder_layers(model)
+    _, head_dim = head_layout(model)
+    return {"heads": [head_count(lay, head_dim) for lay in layers], "ffn": [ffn_size(lay) for lay in layers]}
 
 
-def _example_inputs(model: nn.Module, length: int = 16) -> dict[str, torch.Tensor]:
-    device = next(model.parameters()).device
-    ids = torch.randint(100, min(2000, model.config.vocab_size), (1, length), device=device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+def _pruned_class(model: nn.Module) -> type:
+    cls = type(model)
+    if cls in PRUNED_CLASS_OF.values():
+        return cls
+    if cls not in PRUNED_CLASS_OF:
+        known = sorted({c.__name__ for c in PRUNED_CLASS_OF if c.__module__.startswith("transformers")})
+        raise ModelError(f"structured pruning cannot save a {cls.__name__} (no pruned class for it); "
+                         f"supported: {', '.join(known[:8])}, ... (base models and their "
+                         "SequenceClassification, QuestionAnswering, MaskedLM, TokenClassification heads)")
+    return PRUNED_CLASS_OF[cls]
 
 
-def _first_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    return logits if logits is not None else out[0]
+def _check_args(sparsity: float, targets: tuple[str, ...]) -> None:
+    check_range("sparsity", sparsity, 0.0, 1.0, hi_open=True)
+    if not targets:
+        raise UsageError(f"--structured needs at least one of: {', '.join(STRUCTURED_TARGETS)}")
+    for t in targets:
+        if t not in STRUCTURED_TARGETS:
+            raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(STRUCTURED_TARGETS)}")
 
 
 def prune_structured(model: nn.Module, sparsity: float,
                      targets: tuple[str, ...] = STRUCTURED_TARGETS) -> dict[str, Any]:
     """Remove ``sparsity`` of the attention heads and/or FFN neurons of ``model`` in place.
 
-    ``model`` is a ``BertForSequenceClassification`` or ``BertModel``; afterwards it is the matching
-    ``CompressBert*`` class with a ``CompressBertConfig`` recording the per-layer sizes, so
-    ``save_pretrained`` / ``from_pretrained`` round-trip. A sparsity whose global cut-off would
-    empty a layer is refused (ModelError) rather than left less pruned than asked.
-    Returns the sizes before/after and the parameter counts.
+    ``model`` is an encoder of the role table or one of its SequenceClassification,
+    QuestionAnswering, MaskedLM or TokenClassification models; afterwards it is the matching
+    ``Compress*`` class with a ``compress_<type>`` config recording the per-layer sizes, so
+    ``save_pretrained`` / ``from_pretrained`` round-trip. A sparsity that would empty a layer or
+    remove nothing is refused (ModelError) with the model unchanged.
+    Returns the sizes before/after, the heads kept per layer and the parameter counts.
     """
-    import torch_pruning as tp
-
-    check_range("sparsity", sparsity, 0.0, 1.0, hi_open=True)
     targets = tuple(targets)
-    if not targets:
-        raise UsageError(f"--structured needs at least one of: {', '.join(STRUCTURED_TARGETS)}")
-    for t in targets:
-        if t not in STRUCTURED_TARGETS:
-            raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(STRUCTURED_TARGETS)}")
-    bert = getattr(model, "bert", model)
-    if not isinstance(bert, BertModel) or not hasattr(bert, "encoder"):
-        raise ModelError(f"structured pruning supports BERT encoders, got {type(model).__name__}")
-    config = model.config
-    head_size = config.hidden_size // config.num_attention_heads
+    _check_args(sparsity, targets)
+    layout = find_layout(model)
+    if layout is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ModelError(f"structured pruning supports the BERT-family encoders of the role table "
+                         f"({', '.join(SUPPORTED)}), got {model_type}")
+    pruned_class = _pruned_class(model)
+    layers = encoder_layers(model, layout)
+    _, head_dim = head_layout(model)
     before = layer_sizes(model)
     params_before = sum(p.numel() for p in model.parameters())
 
-    # Nothing on the residual stream is a pruning root: heads and FFN neurons only.
-    ignored: list[nn.Module] = [m for m in (getattr(model, "classifier", None),
-                                            getattr(bert.pooler, "dense", None) if bert.pooler else None)
-                                if m is not None]
-    num_heads: dict[nn.Module, int] = {}
-    for i, layer in enumerate(bert.encoder.layer):
-        att = layer.attention.self
-        ignored += [layer.attention.output.dense, layer.output.dense]
-        if "heads" in targets:
-            for lin in (att.query, att.key, att.value):
-                num_heads[lin] = before["heads"][i]
-        else:
-            ignored += [att.query, att.key, att.value]
-        if "ffn" not in targets:
-            ignored.append(layer.intermediate.dense)
+    # plan everything first: a refusal leaves the model as it was
+    keep_heads = (plan_removal([head_scores(lay, head_dim) for lay in layers], sparsity, "heads")
+                  if "heads" in targets else [list(range(n)) for n in before["heads"]])
+    keep_neurons = (plan_removal([neuron_scores(lay, layout) for lay in layers], sparsity, "FFN neurons")
+                    if "ffn" in targets else [list(range(n)) for n in before["ffn"]])
 
-    was_training = model.training
-    model.eval()
-    previous_attn = config._attn_implementation
-    # The dependency graph is traced through autograd; eager attention exposes the Q K^T and P V
-    # matmuls that couple each head's Q, K and V rows.
-    model.set_attn_implementation("eager")
-    pruner = tp.pruner.MetaPruner(
-        model, _example_inputs(model), importance=tp.importance.MagnitudeImportance(p=2),
-        global_pruning=True, pruning_ratio=sparsity,
-        ignored_layers=ignored, num_heads=num_heads, prune_num_heads="heads" in targets,
-        prune_head_dims=False, head_pruning_ratio=sparsity if "heads" in targets else 0.0,
-        max_pruning_ratio=0.95, output_transform=_first_tensor,
-    )
-    for group in pruner.step(interactive=True):
-        group.prune()
-    model.set_attn_implementation(previous_attn)
-    model.train(was_training)
+    for layer, heads, neurons in zip(layers, keep_heads, keep_neurons):
+        if len(heads) < head_count(layer, head_dim):
+            for role, lin in layer.linears.items():
+                if role in HEAD_ROW_ROLES or role == "attn_out":
+                    for dim, index in _head_index(layer, role, heads, head_dim).items():
+                        _keep(lin, dim, index)
+            attention = layer.module.get_submodule(layout.attention)
+            set_head_attrs(attention, layout, len(heads), head_dim)
+        if len(neurons) < ffn_size(layer):
+            _keep(layer.linears["ffn_in"], 0, _neuron_index(layer, layout, neurons))
+            _keep(layer.linears["ffn_out"], 1, torch.tensor(neurons, dtype=torch.long,
+                                                            device=layer.linears["ffn_out"].weight.device))
 
     after = layer_sizes(model)
-    # torch-pruning drops a whole group when the global cut-off would empty a layer, which leaves
-    # that layer intact: the model would then be less pruned than asked, silently.
-    for kind, unit in (("heads", "heads"), ("ffn", "FFN neurons")):
-        if kind not in targets:
-            continue
-        total, removed = sum(before[kind]), sum(before[kind]) - sum(after[kind])
-        # a layer kept whole costs at least its share of the cut; the pooled ranking of heads and
-        # FFN neurons moves the FFN count by a few percent, which is allowed
-        slack = max(len(before[kind]), total // len(before[kind]) // 2)
-        if abs(removed - round(sparsity * total)) > slack:
-            raise ModelError(f"structured pruning removed {removed} of {total} {unit}, not the "
-                             f"{sparsity:.0%} asked (the global ranking would have emptied a layer, "
-                             "so torch-pruning kept it whole); use a lower --sparsity")
-    for i, lay in enumerate(bert.encoder.layer):
-        rows = lay.attention.self.query.out_features
-        if rows % head_size:
-            raise ModelError(f"layer {i}: pruning left a partial head ({rows} query rows, "
-                             f"head size {head_size})")
-        if after["heads"][i] < 1 or after["ffn"][i] < 1:
-            raise ModelError(f"layer {i} lost all its heads or FFN neurons at sparsity {sparsity}; "
-                             "use a lower --sparsity")
-        lay.attention.self.num_attention_heads = after["heads"][i]
-        lay.attention.self.all_head_size = after["heads"][i] * head_size
-
-    config.__class__ = CompressBertConfig
+    config = model.config
+    config.__class__ = pruned_class.config_class
+    # a config read from config.json keeps its "model_type" as an instance attribute, which would
+    # hide the pruned class's (to_dict writes the class's, but code reading config.model_type would not)
+    vars(config).pop("model_type", None)
     config.layer_heads = after["heads"]
     config.layer_intermediate = after["ffn"]
-    model.__class__ = (CompressBertForSequenceClassification
-                       if isinstance(model, BertForSequenceClassification) else CompressBertModel)
+    model.__class__ = pruned_class
     params_after = sum(p.numel() for p in model.parameters())
     heads_b, heads_a = sum(before["heads"]), sum(after["heads"])
     ffn_b, ffn_a = sum(before["ffn"]), sum(after["ffn"])
-    return {"targets": list(targets), "sparsity": sparsity,
-            "importance": "L2 magnitude of each head/neuron divided by its layer's mean (torch-pruning's "
-                          "default normalizer), ranked across layers",
-            "layer_heads_before": before["heads"], "layer_heads": after["heads"],
-            "layer_ffn_before": before["ffn"], "layer_ffn": after["ffn"],
-            "heads_removed": heads_b - heads_a, "heads_removed_fraction": (heads_b - heads_a) / heads_b,
-            "ffn_removed": ffn_b - ffn_a, "ffn_removed_fraction": (ffn_b - ffn_a) / ffn_b,
-            "params_before": params_before, "params_after": params_after}
+    report = {"targets": list(targets), "sparsity": sparsity, "architecture": layout.name,
+              "importance": IMPORTANCE,
+              "layer_heads_before": before["heads"], "layer_heads": after["heads"],
+              "kept_heads": keep_heads,
+              "layer_ffn_before": before["ffn"], "layer_ffn": after["ffn"],
+              "heads_removed": heads_b - heads_a, "heads_removed_fraction": (heads_b - heads_a) / heads_b,
+              "ffn_removed": ffn_b - ffn_a, "ffn_removed_fraction": (ffn_b - ffn_a) / ffn_b,
+              "params_before": params_before, "params_after": params_after}
+    if layout.shared_layers:
+        report["shared_layers"] = layout.notes
+    return report

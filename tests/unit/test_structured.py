@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import copy
+import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+)
 
+from compress.architectures import LAYOUTS, encoder_layers, head_layout
 from compress.errors import ModelError, UsageError
+from compress.models import save_model
+from compress.pruning import modeling_pruned
 from compress.pruning.structured import (
     CompressBertConfig,
     CompressBertForSequenceClassification,
     layer_sizes,
     prune_structured,
 )
+from tests.tiny_encoders import ARCHITECTURES, build
 
 HEAD = 16  # head size of the tiny model below: hidden 64 / 4 heads
 
@@ -142,8 +154,8 @@ def test_bad_input():
 
 
 def test_a_sparsity_that_would_empty_a_layer_is_refused_not_silently_lowered():
-    # 2 layers x 4 heads: at 90% the cut-off would empty the layers, torch-pruning then keeps them
-    # whole and removes no head at all (it did, before the check); 50% and 70% are honoured
+    # 2 layers x 4 heads: at 90% the cut-off would empty a layer; that is refused rather than the
+    # layer kept whole (torch-pruning's MetaPruner did that silently); 50% and 70% are honoured
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=128, max_position_embeddings=64, num_labels=2)
@@ -155,9 +167,207 @@ def test_a_sparsity_that_would_empty_a_layer_is_refused_not_silently_lowered():
         try:
             removed[s] = prune_structured(m, s, ("heads",))["heads_removed"]
         except ModelError as exc:
-            assert "not the" in str(exc) and "use a lower --sparsity" in str(exc)
+            assert "would leave layer" in str(exc) and "use a lower --sparsity" in str(exc)
             removed[s] = None
     # whatever is returned honours the request within one head per layer
     for s, r in removed.items():
         assert r is None or abs(r - round(s * 8)) <= 2, (s, r)
     assert removed[0.5] == 4 and removed[0.9] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# every architecture of the role table (tests/tiny_encoders.py: 2-3 layers, 4 heads of 8, FFN 64)
+
+def tiny_arch_classifier(folder, seed: int = 0):
+    torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_pretrained(folder, num_labels=3).eval()
+
+
+def tiny_inputs(model, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Ids above the 5 special tokens, the second row padded after 6 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, model.config.vocab_size, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    ids[1, 6:] = model.config.pad_token_id
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _kept(original: torch.Tensor, pruned: torch.Tensor, width: int) -> list[int]:
+    """Which column blocks of ``original`` (``width`` columns each) survive in ``pruned``: matched
+    by value, independently of what the pruner reports."""
+    blocks = [pruned[:, k:k + width] for k in range(0, pruned.shape[1], width)]
+    kept = [j for j in range(original.shape[1] // width)
+            if any(torch.equal(original[:, j * width:(j + 1) * width], b) for b in blocks)]
+    assert len(kept) == len(blocks), "a pruned block matches no original one"
+    return kept
+
+
+@torch.no_grad()
+def zeroed_like(original, pruned):
+    """A copy of ``original`` whose heads and FFN neurons missing from ``pruned`` output zero (their
+    attention-output / FFN-output columns zeroed): it must compute what ``pruned`` computes."""
+    ref = copy.deepcopy(original)
+    _, head_dim = head_layout(ref)
+    for lo, lp in zip(encoder_layers(ref), encoder_layers(pruned)):
+        for role, width in (("attn_out", head_dim), ("ffn_out", 1)):
+            w = lo.linears[role].weight
+            kept = _kept(w, lp.linears[role].weight, width)
+            for j in range(w.shape[1] // width):
+                if j not in kept:
+                    w[:, j * width:(j + 1) * width] = 0
+    return ref
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_prunes_matches_zeroed_original_and_reloads(arch, tiny_encoder, tmp_path):
+    folder = tiny_encoder(arch)
+    original = tiny_arch_classifier(folder)
+    model = copy.deepcopy(original)
+    report = prune_structured(model, 0.5)
+    layers = encoder_layers(model)
+    total_heads, total_ffn = 4 * len(layers), 64 * len(layers)
+    # exactly half of the heads and neurons go (ALBERT: of its one shared layer)
+    assert report["heads_removed"] == total_heads // 2 and report["ffn_removed"] == total_ffn // 2
+    assert model.config.model_type == f"compress_{original.config.model_type}"
+    assert model.config.layer_heads == report["layer_heads"] == [len(k) for k in report["kept_heads"]]
+    assert model.config.layer_intermediate == report["layer_ffn"]
+    assert sum(model.config.layer_heads) == total_heads // 2
+    assert sum(model.config.layer_intermediate) == total_ffn // 2
+    assert ("shared_layers" in report) == (arch == "albert")
+    _, head_dim = head_layout(model)
+    for lay, heads in zip(layers, model.config.layer_heads):
+        assert lay.linears["attn_out"].in_features == heads * head_dim
+        for role, lin in lay.linears.items():
+            if role in ("query", "key", "value", "pos_query", "pos_key"):
+                assert lin.out_features == heads * head_dim
+    assert report["params_after"] == sum(p.numel() for p in model.parameters()) < report["params_before"]
+
+    inputs = tiny_inputs(model)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        expected = zeroed_like(original, model)(**inputs).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+
+    out = tmp_path / "pruned"
+    save_model(model, AutoTokenizer.from_pretrained(folder), out, {"note": "test"})
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["layer_heads"] == model.config.layer_heads
+    assert saved["auto_map"]["AutoConfig"].startswith("modeling_pruned.Compress")
+    assert (out / "modeling_pruned.py").is_file()
+    again = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert type(again) is type(model)
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, logits)
+
+
+def test_deberta_with_separate_position_projections_prunes_them_per_head():
+    cfg, _ = build("deberta-v2")
+    cfg.share_att_key = False
+    cfg.num_labels = 2
+    torch.manual_seed(0)
+    original = AutoModelForSequenceClassification.from_config(cfg).eval()
+    model = copy.deepcopy(original)
+    prune_structured(model, 0.5, ("heads",))
+    lay = encoder_layers(model)[0]
+    assert {"pos_query", "pos_key"} <= set(lay.linears)
+    assert lay.linears["pos_key"].out_features == lay.linears["query"].out_features
+    inputs = tiny_inputs(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, zeroed_like(original, model)(**inputs).logits,
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_fused_qkv_and_gated_ffn_rank_whole_heads_and_neurons(tiny_encoder):
+    model = tiny_arch_classifier(tiny_encoder("modernbert"))
+    lay = encoder_layers(model)[1]
+    qkv, wo = lay.linears["qkv"].weight, lay.linears["attn_out"].weight
+    w_in, w_out = lay.linears["ffn_in"].weight, lay.linears["ffn_out"].weight
+    with torch.no_grad():
+        for part in range(3):  # head 2 of layer 1 becomes tiny in the q, k and v blocks
+            qkv[part * 32 + 16:part * 32 + 24] *= 1e-3
+        wo[:, 16:24] *= 1e-3
+        for j in (5, 6):  # neurons 5, 6: input row, gate row (64 + j) and output column
+            w_in[j] *= 1e-3
+            w_in[64 + j] *= 1e-3
+            w_out[:, j] *= 1e-3
+    report = prune_structured(model, 0.25)
+    assert 2 not in report["kept_heads"][1]
+    kept = _kept(w_out.detach(), encoder_layers(model)[1].linears["ffn_out"].weight, 1)
+    assert 5 not in kept and 6 not in kept
+    # the kept input and gate rows are the same neurons, in the same order
+    new_in = encoder_layers(model)[1].linears["ffn_in"].weight
+    n = len(kept)
+    assert torch.equal(new_in[:n], w_in.detach()[kept])
+    assert torch.equal(new_in[n:], w_in.detach()[[64 + j for j in kept]])
+
+
+def test_refused_sparsity_leaves_the_model_unchanged(tiny_encoder):
+    model = tiny_arch_classifier(tiny_encoder("roberta"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ModelError, match=r"would leave layer \d with none; use a lower --sparsity"):
+        prune_structured(model, 0.9, ("heads",))
+    with pytest.raises(ModelError, match="removes none"):
+        prune_structured(model, 0.05, ("heads",))  # 8 heads: 5% is not one head
+    assert type(model).__name__ == "RobertaForSequenceClassification"
+    assert model.config.model_type == "roberta"
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+def test_loader_table_matches_the_role_table():
+    # modeling_pruned must stay self-contained, so it repeats the module paths of the role table
+    for layout in LAYOUTS.values():
+        for model_type in layout.model_types:
+            mine = modeling_pruned.LAYOUTS[model_type]
+            fields = ("layers", "roles", "attention", "head_attrs", "heads_config", "glu")
+            assert [getattr(mine, f) for f in fields] == [getattr(layout, f) for f in fields], model_type
+            assert model_type in modeling_pruned.PRUNED_CLASSES
+
+
+def test_pruned_module_imports_only_torch_and_transformers():
+    import ast
+
+    tree = ast.parse(open(modeling_pruned.__file__, encoding="utf-8").read())
+    roots = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    roots |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert roots <= {"__future__", "json", "re", "shutil", "dataclasses", "pathlib", "torch", "transformers"}
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("arch", ["roberta", "modernbert"])
+def test_saved_pruned_model_loads_with_remote_code_where_compress_is_not_importable(arch, tiny_encoder,
+                                                                                    tmp_path):
+    model = tiny_arch_classifier(tiny_encoder(arch))
+    prune_structured(model, 0.5)
+    save_model(model, AutoTokenizer.from_pretrained(tiny_encoder(arch)), tmp_path / "saved", {})
+    alone = tmp_path / "elsewhere" / "pruned"
+    shutil.copytree(tmp_path / "saved", alone)
+    inputs = tiny_inputs(model)
+    with torch.no_grad():
+        ref = model(**inputs).logits
+    torch.save({"inputs": inputs, "logits": ref}, tmp_path / "ref.pt")
+    code = (
+        "import sys\n"
+        "sys.modules['compress'] = None  # any import of compress fails\n"
+        "import torch\n"
+        "from transformers import AutoModelForSequenceClassification\n"
+        "try:\n"
+        "    import compress  # noqa\n"
+        "    sys.exit(4)\n"
+        "except ImportError:\n"
+        "    pass\n"
+        f"m = AutoModelForSequenceClassification.from_pretrained({str(alone)!r},\n"
+        "                                                       trust_remote_code=True).eval()\n"
+        f"r = torch.load({str(tmp_path / 'ref.pt')!r})\n"
+        "with torch.no_grad():\n"
+        "    out = m(**r['inputs']).logits\n"
+        "print(type(m).__module__, type(m).__name__, m.config.layer_heads)\n"
+        "sys.exit(0 if torch.equal(out, r['logits']) else 3)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path / "elsewhere", env=env)
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert "transformers_modules" in proc.stdout
+    assert f"ForSequenceClassification {model.config.layer_heads}" in proc.stdout

@@ -1,0 +1,250 @@
+"""Structured-pruned encoders that load with stock transformers: per-layer head counts and FFN widths.
+
+A stock config has one head count and one FFN width for every layer, so it cannot describe an
+encoder whose layers lost different numbers of heads and FFN neurons. For each supported base
+type ``T`` this module defines ``Compress<T>Config`` (model type ``compress_<t>``, e.g.
+``compress_bert``, ``compress_roberta``, ``compress_modernbert``) with two extra fields,
+``layer_heads`` and ``layer_intermediate`` (one entry per encoder layer; ALBERT: per shared
+layer; None = the layer keeps the uniform size), and ``Compress<T>Model``,
+``...ForSequenceClassification``, ``...ForQuestionAnswering``, ``...ForMaskedLM`` and
+``...ForTokenClassification`` where the base has them. Their ``__init__`` builds the stock
+model, then rebuilds each layer's Linear modules at the saved size (the weights load afterwards)
+and sets the attention module's head-count attributes.
+
+This file is self-contained on purpose (it imports only the standard library, torch and
+transformers, with no relative imports): ``save_pretrained`` of a pruned model copies it beside the
+weights and writes ``auto_map`` into ``config.json``, the Hugging Face custom-code convention, so
+``AutoModelFor...from_pretrained(folder, trust_remote_code=True)`` works where this project is not
+installed. Importing it registers nothing; ``register_auto_classes()`` does (the project calls it
+through ``compress.models.register_model_types``).
+
+``LAYOUTS`` repeats, for the module paths only, the role table of ``compress.architectures`` (a
+test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import transformers
+from torch import nn
+
+PREFIX = "compress_"
+HEAD_ROW_ROLES = ("query", "key", "value", "qkv", "pos_query", "pos_key")
+# transformers Auto class -> the class-name suffix of the stock model it builds
+AUTO_CLASSES = {"AutoModel": "Model",
+                "AutoModelForSequenceClassification": "ForSequenceClassification",
+                "AutoModelForQuestionAnswering": "ForQuestionAnswering",
+                "AutoModelForMaskedLM": "ForMaskedLM",
+                "AutoModelForTokenClassification": "ForTokenClassification"}
+
+
+@dataclass(frozen=True)
+class PrunedLayout:
+    """Where one architecture keeps the matrices that structured pruning resizes.
+
+    ``layers``: regular expression of a layer's path inside the base model (its integer groups
+    order the layers); ``roles``: role -> Linear path inside a layer; ``attention``: the module
+    holding ``head_attrs`` (attribute -> "heads" or "width" = heads * head_dim).
+    """
+
+    layers: str
+    roles: dict
+    attention: str
+    head_attrs: dict
+    heads_config: str = "num_attention_heads"
+    glu: bool = False
+
+
+_BERT = PrunedLayout(
+    r"encoder\.layer\.(\d+)",
+    {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+     "attn_out": "attention.output.dense", "ffn_in": "intermediate.dense", "ffn_out": "output.dense"},
+    "attention.self", {"num_attention_heads": "heads", "all_head_size": "width"})
+LAYOUTS = {
+    "bert": _BERT, "roberta": _BERT, "xlm-roberta": _BERT, "camembert": _BERT, "electra": _BERT,
+    "distilbert": PrunedLayout(
+        r"transformer\.layer\.(\d+)",
+        {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
+         "attn_out": "attention.out_lin", "ffn_in": "ffn.lin1", "ffn_out": "ffn.lin2"},
+        "attention", {"n_heads": "heads", "dim": "width"}, heads_config="n_heads"),
+    "albert": PrunedLayout(
+        r"encoder\.albert_layer_groups\.(\d+)\.albert_layers\.(\d+)",
+        {"query": "attention.query", "key": "attention.key", "value": "attention.value",
+         "attn_out": "attention.dense", "ffn_in": "ffn", "ffn_out": "ffn_output"},
+        "attention", {"num_attention_heads": "heads", "all_head_size": "width"}),
+    "deberta-v2": PrunedLayout(
+        r"encoder\.layer\.(\d+)",
+        {"query": "attention.self.query_proj", "key": "attention.self.key_proj",
+         "value": "attention.self.value_proj", "pos_query": "attention.self.pos_query_proj",
+         "pos_key": "attention.self.pos_key_proj", "attn_out": "attention.output.dense",
+         "ffn_in": "intermediate.dense", "ffn_out": "output.dense"},
+        "attention.self", {"num_attention_heads": "heads", "all_head_size": "width"}),
+    "modernbert": PrunedLayout(
+        r"layers\.(\d+)",
+        {"qkv": "attn.Wqkv", "attn_out": "attn.Wo", "ffn_in": "mlp.Wi", "ffn_out": "mlp.Wo"},
+        "attn", {"num_heads": "heads", "all_head_size": "width"}, glu=True),
+}
+# base model type -> the stem of transformers' class names (BertModel, XLMRobertaConfig, ...)
+CLASS_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta",
+               "camembert": "Camembert", "electra": "Electra", "distilbert": "DistilBert",
+               "albert": "Albert", "deberta-v2": "DebertaV2", "modernbert": "ModernBert"}
+
+
+def base_model_type(model_type: str) -> str:
+    """``compress_roberta`` -> ``roberta`` (any other type unchanged)."""
+    return model_type[len(PREFIX):] if model_type.startswith(PREFIX) else model_type
+
+
+def head_dim_of(config) -> int:
+    """Head size of the unpruned architecture (pruning removes whole heads, never head dims)."""
+    layout = LAYOUTS[base_model_type(config.model_type)]
+    heads = getattr(config, layout.heads_config)
+    hidden = getattr(config, "hidden_size", None) or config.dim
+    return getattr(config, "attention_head_size", None) or hidden // heads
+
+
+def find_layers(base_model: nn.Module, layout: PrunedLayout) -> list[nn.Module]:
+    """The encoder layers of ``base_model`` in order (ALBERT's shared layers once each)."""
+    pattern = re.compile(f"^{layout.layers}$")
+    found = []
+    for name, module in base_model.named_modules():
+        m = pattern.match(name)
+        if m:
+            found.append((tuple(int(g) for g in m.groups()), module))
+    return [module for _, module in sorted(found, key=lambda t: t[0])]
+
+
+def _rebuild_linear(layer: nn.Module, path: str, in_features: int, out_features: int) -> None:
+    parent_path, _, attr = path.rpartition(".")
+    parent = layer.get_submodule(parent_path) if parent_path else layer
+    old = getattr(parent, attr)
+    setattr(parent, attr, nn.Linear(in_features, out_features, bias=old.bias is not None,
+                                    device=old.weight.device, dtype=old.weight.dtype))
+
+
+def set_head_attrs(attention: nn.Module, layout: PrunedLayout, heads: int, head_dim: int) -> None:
+    """Tell the attention module its head count / width (``layout.head_attrs``)."""
+    for attr, kind in layout.head_attrs.items():
+        setattr(attention, attr, heads if kind == "heads" else heads * head_dim)
+
+
+def resize_pruned_layers(base_model: nn.Module, config) -> None:
+    """Rebuild each layer's role Linears at the sizes in ``config.layer_heads`` /
+    ``config.layer_intermediate`` (new, uninitialised weights: ``from_pretrained`` loads them)."""
+    layout = LAYOUTS[base_model_type(config.model_type)]
+    layers = find_layers(base_model, layout)
+    head_dim = head_dim_of(config)
+    for field in ("layer_heads", "layer_intermediate"):
+        sizes = getattr(config, field, None)
+        if sizes is not None and len(sizes) != len(layers):
+            raise ValueError(f"config.{field} has {len(sizes)} entries but the model has {len(layers)} "
+                             "encoder layers")
+    for i, layer in enumerate(layers):
+        modules = dict(layer.named_modules())
+        roles = {role: path for role, path in layout.roles.items() if path in modules}
+        if config.layer_heads is not None:
+            heads = config.layer_heads[i]
+            width = heads * head_dim
+            for role in HEAD_ROW_ROLES:
+                if role in roles:
+                    rows = 3 * width if role == "qkv" else width
+                    _rebuild_linear(layer, roles[role], modules[roles[role]].in_features, rows)
+            _rebuild_linear(layer, roles["attn_out"], width, modules[roles["attn_out"]].out_features)
+            set_head_attrs(modules[layout.attention], layout, heads, head_dim)
+        if config.layer_intermediate is not None:
+            neurons = config.layer_intermediate[i]
+            ffn_in = modules[roles["ffn_in"]]
+            _rebuild_linear(layer, roles["ffn_in"], ffn_in.in_features, neurons * (2 if layout.glu else 1))
+            _rebuild_linear(layer, roles["ffn_out"], neurons, modules[roles["ffn_out"]].out_features)
+
+
+def write_remote_code(folder: str | Path, config) -> None:
+    """Copy this file beside a saved pruned model and point ``config.json``'s ``auto_map`` at its
+    classes, so ``from_pretrained(folder, trust_remote_code=True)`` needs no install of compress."""
+    folder = Path(folder)
+    module = Path(__file__).stem
+    shutil.copyfile(__file__, folder / Path(__file__).name)
+    stem = CLASS_STEMS[base_model_type(config.model_type)]
+    auto_map = {"AutoConfig": f"{module}.Compress{stem}Config"}
+    for auto, suffix in AUTO_CLASSES.items():
+        if f"Compress{stem}{suffix}" in globals():
+            auto_map[auto] = f"{module}.Compress{stem}{suffix}"
+    config_file = folder / "config.json"
+    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    saved["auto_map"] = auto_map
+    config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _config_class(base: type) -> type:
+    def __init__(self, layer_heads=None, layer_intermediate=None, **kwargs):
+        base.__init__(self, **kwargs)
+        self.layer_heads = None if layer_heads is None else [int(n) for n in layer_heads]
+        self.layer_intermediate = None if layer_intermediate is None else [int(n) for n in layer_intermediate]
+
+    name = f"Compress{base.__name__}"
+    doc = f"{base.__name__} plus per-layer head counts and FFN widths (None = the uniform size)."
+    return type(name, (base,), {"model_type": PREFIX + base.model_type, "__init__": __init__,
+                                "__doc__": doc, "__module__": __name__, "__qualname__": name})
+
+
+def _model_class(base: type, config_class: type) -> type:
+    def __init__(self, config, *args, **kwargs):
+        base.__init__(self, config, *args, **kwargs)
+        resize_pruned_layers(self.base_model, config)
+        self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        base.save_pretrained(self, save_directory, *args, **kwargs)
+        write_remote_code(save_directory, self.config)
+
+    name = f"Compress{base.__name__}"
+    doc = f"{base.__name__} whose layers have the sizes in ``config.layer_heads`` / ``layer_intermediate``."
+    return type(name, (base,), {"config_class": config_class, "__init__": __init__,
+                                "save_pretrained": save_pretrained, "__doc__": doc,
+                                "__module__": __name__, "__qualname__": name})
+
+
+def _build_classes() -> dict[str, dict[str, type]]:
+    """base model type -> {"AutoConfig" | Auto model class name -> pruned class}; a base this
+    transformers release lacks is left out."""
+    out: dict[str, dict[str, type]] = {}
+    for base_type, stem in CLASS_STEMS.items():
+        try:
+            base_config = getattr(transformers, f"{stem}Config")
+        except (AttributeError, ImportError):
+            continue
+        classes = {"AutoConfig": _config_class(base_config)}
+        for auto, suffix in AUTO_CLASSES.items():
+            try:
+                base_model = getattr(transformers, f"{stem}{suffix}")
+            except (AttributeError, ImportError):
+                continue
+            classes[auto] = _model_class(base_model, classes["AutoConfig"])
+        out[base_type] = classes
+        for cls in classes.values():
+            globals()[cls.__name__] = cls
+    return out
+
+
+PRUNED_CLASSES = _build_classes()
+# the stock class a pruned class extends -> that pruned class
+PRUNED_CLASS_OF = {cls.__mro__[1]: cls for classes in PRUNED_CLASSES.values() for cls in classes.values()}
+
+
+def register_auto_classes() -> None:
+    """Register every ``compress_<type>`` config and model class with transformers' Auto classes."""
+    for classes in PRUNED_CLASSES.values():
+        config_class = classes["AutoConfig"]
+        transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        for auto, cls in classes.items():
+            if auto != "AutoConfig":
+                getattr(transformers, auto).register(config_class, cls, exist_ok=True)
+
+
+__all__ = ["LAYOUTS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "register_auto_classes", "resize_pruned_layers",
+           "write_remote_code"]
