@@ -1,13 +1,15 @@
-"""Achieved sparsity of a model: per matrix, per layer, per attention head, embeddings vs encoder.
+"""Achieved sparsity of a model: per matrix, per role, per layer, per attention head, embeddings vs
+encoder.
 
 Counts exact zeros in the weights (what is stored, not what a mask intends). The matrices counted are
-the mask's when ``masks`` is given, else the default pruning targets (Q, K, V, attention output,
-FFN in/out of every layer, word embeddings).
+the mask's when ``masks`` is given, else the architecture's default pruning targets (every role
+matrix of its role table, ``compress.architectures``, and the word embeddings).
 
 Per-head sparsity (Gordon et al. 2020, Fig. 4 left): head h of a layer owns rows
-``h*d:(h+1)*d`` of the Q, K and V weights (``nn.Linear`` weights are ``[out, in]``) and the same
-columns of the attention-output weight, with d = hidden / heads. A head's sparsity is the zeros over
-those four slices together; per-matrix head sparsities are reported as well.
+``h*d:(h+1)*d`` of the Q, K and V weights (``nn.Linear`` weights are ``[out, in]``; in a fused QKV,
+those rows of each of its three blocks) and the same columns of the attention-output weight, with
+d the head size. A head's sparsity is the zeros over those slices together; per-matrix head
+sparsities are reported as well. ALBERT's shared layer appears once (it is one set of weights).
 """
 
 from __future__ import annotations
@@ -16,25 +18,11 @@ import re
 
 import torch
 
-from compress.pruning.targets import DEFAULT_TARGETS, named_weights
+from compress.architectures import ROLES, find_layout, head_layout, head_slices
+from compress.pruning.targets import WORD_EMBEDDINGS, named_weights, weight_roles
 
 LAYER_RE = re.compile(r"(?:^|\.)layer\.(\d+)\.")
-KINDS = (  # (kind, suffix after encoder.layer.N.)
-    ("query", "attention.self.query.weight"),
-    ("key", "attention.self.key.weight"),
-    ("value", "attention.self.value.weight"),
-    ("attn_out", "attention.output.dense.weight"),
-    ("ffn_in", "intermediate.dense.weight"),
-    ("ffn_out", "output.dense.weight"),
-)
-HEAD_KINDS = ("query", "key", "value", "attn_out")
-
-
-def _kind(name: str) -> str | None:
-    for kind, suffix in KINDS:
-        if name.endswith("." + suffix) and (kind != "ffn_out" or ".attention." not in name):
-            return kind
-    return None
+HEAD_KINDS = ("query", "key", "value", "qkv", "pos_query", "pos_key", "attn_out")
 
 
 def _counts(zeros: int, numel: int) -> dict:
@@ -47,47 +35,58 @@ def _stats(values: list[float]) -> dict:
     return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
 
 
+def _head_zeros(w: torch.Tensor, kind: str, head_dim: int) -> tuple[list[int], int]:
+    """Zeros of each head's slices of ``w`` (a ``kind`` matrix), and the size of one head's slices."""
+    zero = w == 0
+    per_head, size = [], 0
+    for slices in head_slices(kind, tuple(w.shape), head_dim):
+        parts = [zero[a:b] if dim == 0 else zero[:, a:b] for dim, a, b in slices]
+        per_head.append(int(sum(int(p.sum()) for p in parts)))
+        size = sum(p.numel() for p in parts)
+    return per_head, size
+
+
 @torch.no_grad()
 def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | None = None) -> dict:
     """Sparsity report as a JSON-ready dict (fractions in [0, 1]); see the module docstring."""
     params = named_weights(model)
+    layout = find_layout(model)
+    roles = weight_roles(model, layout) if layout is not None else {}
     if masks is not None:
         names = sorted(n for n in masks if n in params)
     else:
-        names = sorted(n for n in params if any(re.search(d, n) for d in DEFAULT_TARGETS))
+        names = sorted(roles)
     config = getattr(model, "config", None)
-    n_heads = getattr(config, "num_attention_heads", None)
-    # head size from the config; the head count per layer from the matrix, since structured pruning
-    # leaves layers with different numbers of heads
-    head_dim = config.hidden_size // n_heads if n_heads else None
+    n_heads, head_dim = head_layout(model) if layout is not None else (None, None)
 
-    matrices, layers = {}, {}
+    matrices, layers, by_role = {}, {}, {}
     groups = {"embeddings": [0, 0], "encoder": [0, 0], "other": [0, 0], "global": [0, 0]}
     head_zero: dict[int, dict[str, list[int]]] = {}
     head_size: dict[int, dict[str, int]] = {}
     for name in names:
         w = params[name].detach()
         zeros, numel = w.numel() - int(torch.count_nonzero(w)), w.numel()
-        m = LAYER_RE.search(name)
-        layer = int(m.group(1)) if m and name.startswith("encoder.") else None
-        kind = _kind(name) if layer is not None else None
+        layer, kind = roles.get(name, (None, None))
+        if layer is None and kind is None and name.startswith("encoder."):
+            m = LAYER_RE.search(name)  # a model outside the role table: the layer from the name
+            layer = int(m.group(1)) if m else None
         matrices[name] = {"shape": list(w.shape), "layer": layer, "kind": kind, **_counts(zeros, numel)}
-        group = "embeddings" if name.startswith("embeddings.") else \
-            "encoder" if name.startswith("encoder.") else "other"
+        group = "embeddings" if kind == WORD_EMBEDDINGS or name.startswith("embeddings.") else \
+            "encoder" if layer is not None else "other"
         for g in (group, "global"):
             groups[g][0] += zeros
             groups[g][1] += numel
+        if kind is not None:
+            rz = by_role.setdefault(kind, [0, 0])
+            rz[0] += zeros
+            rz[1] += numel
         if layer is not None:
             lz = layers.setdefault(layer, [0, 0])
             lz[0] += zeros
             lz[1] += numel
         if kind in HEAD_KINDS and head_dim and w.ndim == 2:
-            zero = (w == 0)
-            # Q/K/V: a head's rows (output features); attention output: its columns (input features).
-            per = zero.reshape(-1, head_dim, w.shape[1]) if kind != "attn_out" \
-                else zero.reshape(w.shape[0], -1, head_dim).transpose(0, 1)
-            head_zero.setdefault(layer, {})[kind] = per.reshape(per.shape[0], -1).sum(1).tolist()
-            head_size.setdefault(layer, {})[kind] = per[0].numel()
+            head_zero.setdefault(layer, {})[kind], head_size.setdefault(layer, {})[kind] = \
+                _head_zeros(w, kind, head_dim)
 
     heads = {}
     all_heads: list[float] = []
@@ -102,14 +101,27 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
         heads[str(layer)] = {"per_head": per_head, **_stats(per_head),
                              "by_matrix": {k: {"per_head": v, **_stats(v)} for k, v in per_kind.items()}}
 
+    extra = {}
+    if layout is not None:
+        extra["architecture"] = layout.name
+        if layout.shared_layers:
+            depth = getattr(config, "num_hidden_layers", None)
+            extra["shared_layers"] = (f"{layout.notes}: {len(layers)} shared layer(s) run "
+                                      f"{depth} times; each is counted once here")
     return {
         "num_heads": n_heads,
         "matrices": matrices,
         "layers": {str(k): _counts(*v) for k, v in sorted(layers.items())},
         "heads": heads,
         "heads_overall": _stats(all_heads),
+        "roles": {k: _counts(*v) for k, v in sorted(by_role.items(), key=lambda kv: _role_order(kv[0]))},
+        **extra,
         **{g: _counts(*v) for g, v in groups.items()},
     }
+
+
+def _role_order(role: str) -> int:
+    return ROLES.index(role) if role in ROLES else len(ROLES)
 
 
 def _pct(x: float | None) -> str:
@@ -117,8 +129,10 @@ def _pct(x: float | None) -> str:
 
 
 def format_sparsity_table(report: dict) -> str:
-    """A plain-text table: one row per layer (six matrices, total, head min/mean/max), then others."""
-    kinds = [k for k, _ in KINDS]
+    """A plain-text table: one row per layer (its role matrices, total, head min/mean/max), then the
+    other matrices, then embeddings / encoder / global."""
+    kinds = sorted({m["kind"] for m in report["matrices"].values() if m["layer"] is not None and m["kind"]},
+                   key=_role_order)
     by_layer: dict[str, dict[str, float]] = {}
     others = []
     for name, m in report["matrices"].items():
@@ -136,6 +150,8 @@ def format_sparsity_table(report: dict) -> str:
                      + f" {_pct(report['layers'][layer]['sparsity']):>7}  {hs}")
     for name, m in others:
         lines.append(f"{name}: {_pct(m['sparsity'])} of {m['numel']:,}")
+    if report.get("shared_layers"):
+        lines.append(report["shared_layers"])
     for g in ("embeddings", "encoder", "other", "global"):
         if report[g]["numel"]:
             lines.append(f"{g:>10}: {_pct(report[g]['sparsity'])} ({report[g]['zeros']:,} of "

@@ -1,0 +1,87 @@
+"""`compress prune` and `compress verify` through the real CLI on tiny random encoders of every
+supported architecture; the sparsity is counted from the saved safetensors, independently of the
+role table."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import run_cli
+from tests.tiny_encoders import ARCHITECTURES
+
+FAST = ("--max-steps", "2", "--batch-size", "8", "--max-length", "32")
+# Where each architecture keeps its encoder layers in the saved file (written from the checkpoints'
+# key names): every 2-D weight under it except the LayerNorms must be pruned.
+LAYER_KEYS = {
+    "bert": r"^bert\.encoder\.layer\.\d+\.",
+    "roberta": r"^roberta\.encoder\.layer\.\d+\.",
+    "xlm-roberta": r"^roberta\.encoder\.layer\.\d+\.",
+    "distilbert": r"^distilbert\.transformer\.layer\.\d+\.",
+    "electra": r"^electra\.encoder\.layer\.\d+\.",
+    "albert": r"^albert\.encoder\.albert_layer_groups\.\d+\.albert_layers\.\d+\.",
+    "deberta-v2": r"^deberta\.encoder\.layer\.\d+\.",
+    "modernbert": r"^model\.layers\.\d+\.",
+}
+
+
+def _layer_weights(run, arch: str) -> dict[str, torch.Tensor]:
+    weights = load_file(str(run / "model" / "model.safetensors"))
+    return {k: w for k, w in weights.items() if re.match(LAYER_KEYS[arch], k) and w.ndim == 2
+            and "norm" not in k.lower()}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_prune_reaches_the_sparsity_in_every_encoder_matrix_and_verifies(arch, tiny_encoder, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_encoder(arch)), "--sparsity", "0.4", *FAST, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    layer_weights = _layer_weights(out, arch)
+    assert len(layer_weights) >= 6
+    for key, w in layer_weights.items():
+        assert abs(float((w == 0).float().mean()) - 0.4) < 0.01, key
+    report = json.loads((out / "sparsity.json").read_text())
+    assert abs(report["encoder"]["sparsity"] - 0.4) < 0.01 and report["encoder"]["numel"] == sum(
+        w.numel() for w in layer_weights.values())
+    assert run_cli("verify", str(out)).returncode == 0
+
+
+@pytest.mark.parametrize("arch", ["modernbert", "albert"])
+def test_global_scope(arch, tiny_encoder, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_encoder(arch)), "--sparsity", "0.5", "--scope", "global",
+                *FAST, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((out / "sparsity.json").read_text())
+    assert abs(report["global"]["sparsity"] - 0.5) < 1e-3
+    assert all(float((w == 0).float().mean()) > 0 for w in _layer_weights(out, arch).values())
+
+
+def test_an_unsupported_architecture_is_one_line_exit_2_nothing_written(tmp_path):
+    from transformers import AutoTokenizer, MPNetConfig, MPNetModel
+
+    from compress.models import packaged_model_path
+
+    folder = tmp_path / "mpnet"
+    MPNetModel(MPNetConfig(vocab_size=30527, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(packaged_model_path("minilm")).save_pretrained(folder)
+    out = tmp_path / "runs"
+    r = run_cli("prune", "--model", str(folder), "--sparsity", "0.4", *FAST, "--out", str(out / "run"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert "'mpnet'" in last and "supported:" in last and "--include" in last
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_part_of_a_fused_qkv_is_refused(tiny_encoder, tmp_path):
+    out = tmp_path / "runs"
+    r = run_cli("prune", "--model", str(tiny_encoder("modernbert")), "--exclude", "role:key", *FAST,
+                "--out", str(out / "run"))
+    assert r.returncode == 2
+    assert "fuses query, key and value" in r.stderr.strip().splitlines()[-1]
+    assert not out.exists() or not any(out.iterdir())
