@@ -167,6 +167,9 @@ def write_remote_code(folder: str | Path, config) -> None:
     """Copy this file beside a saved pruned model and point ``config.json``'s ``auto_map`` at its
     classes, so ``from_pretrained(folder, trust_remote_code=True)`` needs no install of compress."""
     folder = Path(folder)
+    config_file = folder / "config.json"
+    if not config_file.is_file():  # save_pretrained(is_main_process=False) writes no config
+        return
     module = Path(__file__).stem
     shutil.copyfile(__file__, folder / Path(__file__).name)
     stem = CLASS_STEMS[base_model_type(config.model_type)]
@@ -174,7 +177,6 @@ def write_remote_code(folder: str | Path, config) -> None:
     for auto, suffix in AUTO_CLASSES.items():
         if f"Compress{stem}{suffix}" in globals():
             auto_map[auto] = f"{module}.Compress{stem}{suffix}"
-    config_file = folder / "config.json"
     saved = json.loads(config_file.read_text(encoding="utf-8"))
     saved["auto_map"] = auto_map
     config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -371,3 +371,37 @@ def test_saved_pruned_model_loads_with_remote_code_where_compress_is_not_importa
     assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-2000:]
     assert "transformers_modules" in proc.stdout
     assert f"ForSequenceClassification {model.config.layer_heads}" in proc.stdout
+
+
+def test_pruning_a_pruned_model_again_prunes_what_is_left(tmp_path):
+    model = tiny_classifier()
+    prune_structured(model, 0.5)
+    model.save_pretrained(tmp_path / "m")
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
+    before = copy.deepcopy(again)
+    report = prune_structured(again, 0.5)
+    assert report["layer_heads_before"] == model.config.layer_heads
+    assert sum(report["layer_heads"]) == 3 and sum(again.config.layer_heads) == 3  # 6 heads -> 3
+    assert type(again) is CompressBertForSequenceClassification
+    inputs = tiny_inputs(again)
+    with torch.no_grad():
+        torch.testing.assert_close(again(**inputs).logits, zeroed_like(before, again)(**inputs).logits,
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_compress_bert_folders_saved_before_the_loading_code_travelled_still_load(tmp_path):
+    # folders written before this change have model type compress_bert, layer_heads and
+    # layer_intermediate, and neither auto_map nor modeling_pruned.py
+    model = tiny_classifier()
+    prune_structured(model, 0.5)
+    model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "modeling_pruned.py").unlink()
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    del config["auto_map"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    assert config["model_type"] == "compress_bert"
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
+    assert type(again) is CompressBertForSequenceClassification
+    ids = torch.randint(5, 500, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, model(input_ids=ids).logits)
