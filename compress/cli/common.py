@@ -75,6 +75,6 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str,
 
 
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:
-    values = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    values = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "verbose")}
     file_values = load_yaml(args.config) if getattr(args, "config", None) else None
     return resolve_config(cls, file_values, values)

@@ -81,7 +81,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    values = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    values = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "verbose")}
     file_values = load_yaml(args.config) if getattr(args, "config", None) else {}
     task = values.get("task", file_values.get("task"))
     if task == "reqa":

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP, epilog=mod.EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
+        p.add_argument("--verbose", action="store_true",
+                       help="show the Hugging Face load reports, warnings and progress bars that are "
+                            "hidden by default")
         p.set_defaults(func=mod.run)
     return parser
 
@@ -50,6 +53,21 @@ def one_line(message: str, limit: int = 2000) -> str:
     return text
 
 
+def quiet_libraries() -> None:
+    """Hide the Hugging Face load reports (tables of MISSING keys), warnings and weight-loading
+    bars, and the training bar when stderr is not a terminal (a log file would fill with carriage
+    returns). Set through the environment, so worker processes inherit it."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if not sys.stderr.isatty():
+        os.environ["COMPRESS_NO_PROGRESS"] = "1"
+    if "transformers" in sys.modules:  # imported already (in-process callers): set it there too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
@@ -57,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if not args.verbose:
+        quiet_libraries()
     try:
         return int(args.func(args) or 0)
     except CompressError as exc:
