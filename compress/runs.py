@@ -130,6 +130,24 @@ def records_upto(path: Path, step: int) -> list[str]:
 
 
 PHASE_DONE = "done.json"
+OWNER_FILE = "owner.pid"  # in a .tmp- folder: the PID of the process writing it
+
+
+def live_owner(folder: Path) -> int | None:
+    """The PID recorded in ``folder/owner.pid`` if that process is alive and is not this one."""
+    try:
+        pid = int((folder / OWNER_FILE).read_text(encoding="utf-8").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if pid == os.getpid() or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, owned by another user
+        return pid
+    return pid
 
 
 class RunDir:
@@ -186,6 +204,10 @@ class RunDir:
         if self.final.exists():
             raise UsageError(f"run folder {self.final} already exists; runs are never overwritten "
                              "(choose another --out)")
+        owner = live_owner(self.path) if self.path.exists() else None
+        if owner is not None:
+            raise UsageError(f"{self.path} is being written by a running process (PID {owner}); wait "
+                             "for it to finish, or stop it and then continue it with --resume")
         if self.path.exists() and not resume:
             raise UsageError(f"an interrupted run is at {self.path}; pass --resume to continue it "
                              "or remove that folder")
@@ -213,12 +235,14 @@ class RunDir:
             self._rewind_metrics()
         else:
             self.path.mkdir(parents=True, exist_ok=self.resume)
+        write_text_atomic(self.path / OWNER_FILE, f"{os.getpid()}\n")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.rank > 0:
             shutil.rmtree(self.path, ignore_errors=True)  # removes the link, not rank 0's checkpoints
             return False
+        (self.path / OWNER_FILE).unlink(missing_ok=True)
         if exc_type is None:
             os.replace(self.path, self.final)
             self.path = self.final

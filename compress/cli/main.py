@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from compress import __version__
@@ -53,6 +54,15 @@ def one_line(message: str, limit: int = 2000) -> str:
     return text
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so it unwinds as Ctrl-C does: a run folder with a
+    checkpoint is kept for --resume, one without is removed."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def quiet_libraries() -> None:
     """Hide the Hugging Face load reports (tables of MISSING keys), warnings and weight-loading
     bars, and the training bar when stderr is not a terminal (a log file would fill with carriage
@@ -78,17 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         quiet_libraries()
     try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the interpreter's main thread (an embedding caller): leave it alone
+        previous = None
+    try:
         return int(args.func(args) or 0)
     except CompressError as exc:
         print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"compress {args.command}: interrupted (a run that saved a checkpoint is kept; "
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"compress {args.command}: {what} (a run that saved a checkpoint is kept; "
               "continue it with the same command plus --resume)", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
     except OSError as exc:  # disk full, permission denied: the environment, not a bug -> one line
         print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

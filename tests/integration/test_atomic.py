@@ -115,3 +115,32 @@ def test_corrupt_model_file_is_one_line_and_leaves_nothing(tiny_classifier, tmp_
     assert code == 1
     assert len(err) == 1 and err[0].startswith("compress finetune: error: could not load model"), err
     assert not (tmp_path / "r").exists() and not (tmp_path / ".tmp-r").exists()
+
+
+def test_sigterm_is_handled_as_ctrl_c_and_the_run_resumes(tiny_classifier, tmp_path, monkeypatch,  # noqa: F811
+                                                          capsys):
+    import os
+    import signal
+
+    from compress.runs import OWNER_FILE
+
+    base = ["finetune", "--model", str(tiny_classifier), *ARGS, "--checkpoint-every", "2",
+            "--out", str(tmp_path / "r")]
+    real = RunDir.log_metrics
+
+    def log(self, record):
+        real(self, record)
+        if record.get("step") == 3 and "loss" in record:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(RunDir, "log_metrics", log)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(base) == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # restored for the caller
+    err = capsys.readouterr().err
+    assert "terminated (SIGTERM)" in err and "--resume" in err
+    assert (tmp_path / ".tmp-r" / "checkpoint" / "step-00000002").is_dir()
+    assert not (tmp_path / ".tmp-r" / OWNER_FILE).exists()
+    monkeypatch.undo()
+    assert main([*base, "--resume"]) == 0
+    assert _steps(tmp_path / "r") == [1, 2, 3, 4, 5, 6, 6]

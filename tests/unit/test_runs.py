@@ -211,3 +211,47 @@ def test_a_finished_phase_keeps_a_run_stopped_by_bad_input_for_resume(tmp_path):
         run.finish_phase("before", {"loss": 2.0})
         raise DataError("the next phase found bad data")
     assert (tmp_path / ".tmp-r" / "checkpoint" / "before" / "done.json").is_file()
+
+
+def _other_live_pid():
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_run_being_written_by_a_live_process_is_never_opened_twice(tmp_path):
+    from compress.runs import OWNER_FILE
+
+    with RunDir("x", out=tmp_path / "r") as run:
+        assert (run.path / OWNER_FILE).read_text().strip() == str(__import__("os").getpid())
+        other = _other_live_pid()
+        try:  # the same folder, recorded as owned by another live process
+            (run.path / OWNER_FILE).write_text(f"{other.pid}\n")
+            for resume in (False, True):
+                with pytest.raises(UsageError) as e:
+                    RunDir("x", out=tmp_path / "r", resume=resume)
+                msg = str(e.value)
+                assert f"running process (PID {other.pid})" in msg and "pass --resume" not in msg
+        finally:
+            other.kill()
+            other.wait()
+        _checkpoint(run, 2)
+    assert not (tmp_path / "r" / OWNER_FILE).exists()  # the finished folder carries no lock
+
+
+def test_the_lock_of_a_dead_process_lets_resume_continue(tmp_path):
+    from compress.runs import OWNER_FILE
+
+    with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
+        _checkpoint(run, 2)
+        raise KeyboardInterrupt
+    dead = _other_live_pid()
+    dead.kill()
+    dead.wait()
+    (tmp_path / ".tmp-r" / OWNER_FILE).write_text(f"{dead.pid}\n")  # left by a SIGKILLed run
+    with pytest.raises(UsageError, match="pass --resume"):
+        RunDir("x", out=tmp_path / "r")
+    with RunDir("x", out=tmp_path / "r", resume=True) as run:
+        assert run.resumed
+    assert (tmp_path / "r").is_dir()
