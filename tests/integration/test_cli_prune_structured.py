@@ -29,3 +29,13 @@ def test_structured_prune_of_a_non_bert_encoder_saves_a_folder_that_reloads(arch
 
     model = load_saved_model(out / "model")
     assert type(model).__name__.startswith("Compress") and model.config.layer_heads == s["layer_heads"]
+
+
+def test_a_sparsity_that_would_empty_a_layer_is_one_line_and_writes_nothing(tiny_encoder, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("prune", "--model", str(tiny_encoder("roberta")), "--structured", "heads",
+                "--sparsity", "0.9", "--max-steps", "2", *FAST, "--out", str(out))
+    assert r.returncode == 1
+    error = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "would leave layer" in error[0] and "use a lower --sparsity" in error[0]
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
