@@ -40,6 +40,8 @@ def run(args):
     if "fused_ops" in report:
         fused = ", ".join(f"{k} {v}" for k, v in report["fused_ops"].items())
         lines.append(f"fused ops: {fused or 'none'}")
+    if "fusion" in report:
+        lines.append(f"fusion: {report['fusion']}")
     if "warning" in report:
         lines.append(f"warning: {report['warning']}")
     if "accuracy" in report:

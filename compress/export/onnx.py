@@ -6,6 +6,14 @@
 * The export uses the TorchScript exporter (``dynamo=False``) on a model loaded with eager
   attention: that graph has the MatMul/Softmax/MatMul pattern onnxruntime's transformer optimizer
   fuses into ``Attention``. An sdpa export (and the dynamo exporter) does not fuse.
+* Inputs of Hugging Face encoders are those ``forward`` accepts, with ``token_type_ids`` only where
+  the model has a segment table of two or more rows (``declared_inputs``): RoBERTa, XLM-R,
+  DistilBERT, DeBERTa-v3 and ModernBERT export ``input_ids, attention_mask``.
+* ``--optimize`` picks onnxruntime's transformer-optimizer model type from the architecture's role
+  table (``compress.architectures``, ``ort_model_type``): "bert" for the BERT family (RoBERTa,
+  XLM-R, ELECTRA, DistilBERT, ALBERT; onnxruntime has no model type of their own), none for
+  DeBERTa (disentangled attention) and ModernBERT (fused QKV, rotary, GLU), whose graph is kept as
+  exported. The report's ``fusion`` line says what fused, or that nothing did and why.
 * Parity: the ONNX model is run on several (batch, length) shapes with padding in the attention
   mask and compared with PyTorch; every mismatch is collected, then one ParityError names each
   output, its max difference and the shapes. fp32 tolerance 1e-4 (absolute, on logits); int8
@@ -79,8 +87,12 @@ def _load_student_folder(folder: Path) -> LoadedModel | None:
     return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(where), info)
 
 
-def load_torch_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
-    """A BERT classifier (model folder, run folder, 'minilm', structured-pruned) or a student.
+def load_torch_model(spec: str, attn_implementation: str | None = "eager") -> LoadedModel:
+    """A BERT-family classifier (model folder, run folder, 'minilm', structured-pruned) or a student.
+
+    ``attn_implementation``: "eager" (the default: the graph the ONNX optimizer fuses), "sdpa", or
+    None for transformers' own choice: SDPA where the architecture has it, eager otherwise
+    (DeBERTa-v2/v3). The implementation that was loaded is ``model.config._attn_implementation``.
 
     Encoder-only folders (no classification head saved) get a randomly initialised 2-label head;
     the timing and FLOPs are those of a classifier, the outputs are not meaningful predictions.
@@ -110,9 +122,22 @@ def load_torch_model(spec: str, attn_implementation: str = "eager") -> LoadedMod
     except Exception as exc:  # noqa: BLE001 - loading failures become one line
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ModelError(f"could not load model '{spec}': {first}") from None
+    return LoadedModel(model.eval(), declared_inputs(model), "bert", path, meta)
+
+
+def declared_inputs(model: torch.nn.Module) -> tuple[str, ...]:
+    """The inputs a Hugging Face encoder is exported and measured with, in ``BERT_INPUTS`` order.
+
+    ``forward`` must accept the name; ``token_type_ids`` also needs a segment table of at least two
+    rows (``type_vocab_size``): RoBERTa and XLM-R (one row, every id 0) and DeBERTa-v3 (none) accept
+    the argument but their tokenizers never produce it, and an id of 1 would index past the table.
+    """
     params = inspect.signature(model.forward).parameters
-    names = tuple(n for n in BERT_INPUTS if n in params)
-    return LoadedModel(model.eval(), names, "bert", path, meta)
+    names = [n for n in BERT_INPUTS if n in params]
+    types = getattr(getattr(model, "config", None), "type_vocab_size", None)
+    if "token_type_ids" in names and types is not None and types < 2:
+        names.remove("token_type_ids")
+    return tuple(names)
 
 
 def wrap_module(model: torch.nn.Module, input_names: tuple[str, ...] = STUDENT_INPUTS) -> LoadedModel:
@@ -332,6 +357,56 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
     return {k: int(v) for k, v in stats.items() if v}
 
 
+def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
+    """(onnxruntime optimizer model type or None, the reason) for ``loaded``, from its role table.
+
+    None means no fusion applies: a student or module (no attention layers), an architecture without
+    a role table, or one whose table says ``ort_model_type=None`` (DeBERTa, ModernBERT). A type the
+    installed onnxruntime does not know is a ModelError naming the ones it does.
+    """
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    from compress.architectures import find_layout
+
+    if loaded.kind != "bert":
+        return None, f"a {loaded.kind} has no transformer attention layers to fuse"
+    layout = find_layout(loaded.model)
+    model_type = getattr(getattr(loaded.model, "config", None), "model_type", type(loaded.model).__name__)
+    if layout is None:
+        return None, f"architecture '{model_type}' has no role table (compress.architectures)"
+    if layout.ort_model_type is None:
+        return None, f"{model_type}: {layout.notes or 'no onnxruntime fusion applies'}"
+    if layout.ort_model_type not in MODEL_TYPES:
+        raise ModelError(f"the {layout.name} role table names onnxruntime model type "
+                         f"'{layout.ort_model_type}', which this onnxruntime lacks; it knows: "
+                         f"{', '.join(sorted(MODEL_TYPES))}")
+    return layout.ort_model_type, f"{model_type} uses onnxruntime's '{layout.ort_model_type}' fusions"
+
+
+def attention_executions(loaded: LoadedModel) -> int | None:
+    """How many attention blocks one forward pass runs (ALBERT runs its shared layer that often)."""
+    cfg = getattr(loaded.model, "config", None)
+    layers = getattr(cfg, "num_hidden_layers", None)
+    return int(layers) if layers else None
+
+
+def fusion_summary(model_type: str | None, why: str, fused: dict[str, int] | None,
+                   expected_attention: int | None = None) -> str:
+    """The report's one ``fusion`` line: what the optimizer fused, or that no fusion applies and why."""
+    if model_type is None:
+        return (f"none applies ({why}); the exported graph is kept unoptimized "
+                "(onnxruntime still applies its own session-level graph optimizations)")
+    attention = (fused or {}).get("Attention", 0)
+    if attention == 0:
+        return (f"the optimizer (model type '{model_type}') fused no Attention node"
+                + (f"; it fused only {', '.join(f'{k} {v}' for k, v in fused.items())}" if fused else "")
+                + "; the optimized graph computes attention unfused")
+    of = f" of {expected_attention}" if expected_attention else ""
+    rest = ", ".join(f"{k} {v}" for k, v in fused.items() if k != "Attention")
+    return (f"model type '{model_type}': Attention fused in {attention}{of} attention blocks"
+            + (f"; also {rest}" if rest else ""))
+
+
 def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -> Path:
     """Dynamic int8: int8 weights, activations quantized per batch at run time (MatMulInteger).
 
@@ -479,14 +554,17 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
         final = fp32
         if cfg.optimize:
-            heads, hidden = attention_shape(loaded)
-            fused = optimize_onnx(fp32, tmp / "optimized.onnx", heads, hidden)
+            model_type, why = optimizer_model_type(loaded)
+            report["optimizer_model_type"] = model_type
+            fused: dict[str, int] = {}
+            if model_type is not None:
+                heads, hidden = attention_shape(loaded)
+                fused = optimize_onnx(fp32, tmp / "optimized.onnx", heads, hidden, model_type=model_type)
+                report["parity_optimized"] = check_parity(loaded, tmp / "optimized.onnx", shapes, cfg.atol,
+                                                          provider, "optimized fp32")
+                final = tmp / "optimized.onnx"
             report["fused_ops"] = fused
-            if loaded.kind == "bert" and not fused.get("Attention"):
-                report["warning"] = "the optimizer fused no Attention node"
-            report["parity_optimized"] = check_parity(loaded, tmp / "optimized.onnx", shapes, cfg.atol,
-                                                      provider, "optimized fp32")
-            final = tmp / "optimized.onnx"
+            report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
         fp32_final = final
         if cfg.quantize == "int8":
             q = quantize_int8(final, tmp / "int8.onnx", per_channel=cfg.per_channel)

@@ -130,7 +130,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         if src is None:
             return None
         if (src, length) not in flops_cache:
-            m = load_torch_model(src, attn_implementation="sdpa")
+            m = load_torch_model(src, attn_implementation=None)
             fake = _inputs(m.input_names, m.vocab_size, 1, length)
             flops_cache[(src, length)] = count_flops(m.model, fake)["dense_flops"]
         return flops_cache[(src, length)]
@@ -159,7 +159,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                                   runtime=runtime_name, vnni=vnni))
                 targets.append((label, "ort", sess, sess.input_names, _onnx_vocab(path), src))
             else:
-                loaded = load_torch_model(path, attn_implementation="sdpa")
+                loaded = load_torch_model(path, attn_implementation=None)
                 model = loaded.model.to(device)
                 info.update(kind=loaded.kind, flops_source=path,
                             verdict=speed_verdict(

@@ -17,6 +17,30 @@ Element-wise ops (add, GELU, softmax, tanh, masking) are not counted and are lis
 number of occurrences under ``not_counted``, so a reader sees what the total leaves out. LayerNorm
 is the one exception: it keeps fvcore's estimate (5 units per element with the affine part), counted
 as MACs like the rest; under 0.5% of MiniLM's total.
+
+Attention is counted as executed, whichever implementation runs (``attention_implementation`` in
+the result names it; ``compress measure`` loads transformers' default: SDPA where the architecture
+has it, eager otherwise). Eager attention is two ``matmul``/``bmm`` calls (Q K^T, then P V),
+SDPA is one ``scaled_dot_product_attention`` call; both count heads x L x L x head_dim MACs each
+for Q K^T and P V, so a BERT gives the same total under either. Per architecture:
+
+* DeBERTa-v2/v3 (eager only; it has no SDPA path): its disentangled attention adds, per layer, the
+  content-to-position and position-to-content products, ``bmm``s of the [heads, L, head_dim]
+  queries (keys) with the projected relative-position embeddings [heads, 2 x span, head_dim], i.e.
+  2 x heads x L x 2·span x head_dim MACs, plus the Linear projections of the 2·span relative
+  embeddings (``share_att_key``: by the layer's own query/key Linears, else by
+  ``pos_query_proj``/``pos_key_proj``). span = ``position_buckets`` (or the maximum relative
+  distance): those products are computed over all 2·span positions and then gathered, so they do
+  not shrink with L.
+* ModernBERT: the fused Wqkv Linear, the GLU FFN's Wi ([2 x ffn, hidden]: input and gate halves)
+  and the head's dense + norm on the pooled token are Linears/norms like any other. Its "local"
+  layers (sliding window of ``local_attention`` tokens) run under eager and SDPA as full L x L
+  attention with the out-of-window scores masked, so a local layer costs what a global one costs
+  (only flash-attention's windowed kernels skip the masked blocks, and they do not run here).
+  The rotary embedding (cos/sin products) is element-wise and listed as not counted.
+* ALBERT runs its shared layers ``num_hidden_layers`` times: each execution is traced and counted,
+  as is the embedding projection (embedding_size -> hidden). ELECTRA's ``embeddings_project``
+  likewise.
 """
 
 from __future__ import annotations
@@ -160,7 +184,8 @@ def count_flops(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict
 
     ``inputs`` should have batch 1 so the numbers are per example. Returns a dict with
     ``dense_macs``, ``dense_flops``, ``effective_macs``, ``effective_flops``, per-operator
-    dense/effective MACs, ``not_counted`` (op -> occurrences) and ``unit``.
+    dense/effective MACs, ``not_counted`` (op -> occurrences), ``unit`` and
+    ``attention_implementation`` (a Hugging Face model's "eager"/"sdpa", else None).
     """
     names = tuple(inputs)
     wrapped = _FirstTensor(model, names).eval()
@@ -195,6 +220,7 @@ def count_flops(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict
                 if seen_zero[op]}
     return {
         "unit": UNIT,
+        "attention_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "dense_macs": dense,
         "dense_flops": 2 * dense,
         "effective_macs": effective,

@@ -68,7 +68,9 @@ def run_measure(cfg: MeasureConfig) -> dict[str, Any]:
 
     if is_onnx_file(cfg.model):
         return measure_onnx(Path(cfg.model), cfg)
-    loaded = load_torch_model(cfg.model, attn_implementation="sdpa")
+    # transformers' default attention: SDPA where the architecture has it, eager where it does not
+    # (DeBERTa); both count the same MACs (compress.measure.flops), the report names the one that ran
+    loaded = load_torch_model(cfg.model, attn_implementation=None)
     inputs = example_inputs(loaded, 1, cfg.seq_len)
     params = count_params(loaded.model)
     flops = count_flops(loaded.model, inputs)
@@ -117,7 +119,8 @@ def format_measure(r: dict[str, Any]) -> str:
     f = r.get("flops")
     if f:
         lines += [
-            f"FLOPs per example at length {r['seq_len']} ({f['unit']}):",
+            f"FLOPs per example at length {r['seq_len']} ({f['unit']})"
+            + (f", {f['attention_implementation']} attention:" if f.get("attention_implementation") else ":"),
             f"  dense      {f['dense_flops'] / 1e9:10.4f} GFLOPs ({_fmt_int(f['dense_macs'])} MACs)",
             f"  effective  {f['effective_flops'] / 1e9:10.4f} GFLOPs (MACs with a zero weight not counted)",
             "  by operator (dense MACs): " + ", ".join(f"{k} {v:,}" for k, v in

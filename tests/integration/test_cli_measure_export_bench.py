@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
+from tests.tiny_encoders import ARCHITECTURES
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore")]
 
@@ -39,9 +40,23 @@ def test_measure_bert_json(tiny_bert):
     assert f["dense_macs_by_operator"]["linear"] == linear
     assert f["dense_macs_by_operator"]["scaled_dot_product_attention"] == attention
     assert f["dense_flops"] == 2 * f["dense_macs"]
-    assert "not_counted" in f and "1 MAC" in f["unit"]
+    assert "not_counted" in f and "1 MAC" in f["unit"] and f["attention_implementation"] == "sdpa"
     assert r["params"]["total"] > 0 and r["verdict"]["faster"] == "no compression"
     assert r["disk"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_measure_every_architecture(arch, tiny_encoder):
+    """The CLI measures each architecture under the attention it has (DeBERTa: eager only); the
+    exact counts are checked against hand formulas in tests/unit/test_flops.py."""
+    proc = run_cli("measure", str(tiny_encoder(arch)), "--seq-len", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    f = json.loads(proc.stdout)["flops"]
+    assert f["attention_implementation"] == ("eager" if arch == "deberta-v2" else "sdpa")
+    attention = sum(f["dense_macs_by_operator"].get(op, 0)
+                    for op in ("matmul", "bmm", "scaled_dot_product_attention"))
+    assert attention >= 2 * 2 * 16 * 16 * 32  # at least Q K^T and P V in two layers of hidden 32
+    assert f["dense_flops"] == 2 * f["dense_macs"] > 0
 
 
 def test_measure_text_report_has_sparsity_table(tiny_bert):
@@ -62,6 +77,7 @@ def test_export_optimize_int8_with_accuracy(exported):
     acc = report["accuracy"]
     assert acc["task"] == "sample" and acc["fp32"]["n"] == 40 and 0 <= acc["int8"]["score"] <= 1
     assert "fused ops: " in proc.stdout and "Attention 2" in proc.stdout
+    assert "fusion: model type 'bert': Attention fused in 2 of 2 attention blocks" in proc.stdout
 
 
 def test_measure_onnx(exported):

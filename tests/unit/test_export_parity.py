@@ -12,16 +12,21 @@ from compress.errors import ModelError, ParityError, UsageError
 from compress.export.onnx import (
     FP32_ATOL,
     INT8_ATOL,
+    ExportConfig,
     attention_shape,
     check_parity,
     export_onnx,
+    fusion_summary,
     load_torch_model,
     optimize_onnx,
+    optimizer_model_type,
     quantize_int8,
+    run_export,
     wrap_module,
 )
 from compress.export.ort import OrtModel, resolve_provider, session_providers
 from compress.measure.params import count_params, onnx_initializer_stats
+from tests.tiny_encoders import ARCHITECTURES
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -244,6 +249,8 @@ def test_sdpa_export_does_not_fuse_but_eager_does(tiny_bert, tmp_path):
         path = export_onnx(loaded, tmp_path / f"{attn}.onnx")
         counts[attn] = optimize_onnx(path, tmp_path / f"{attn}-opt.onnx", 4, 32).get("Attention", 0)
     assert counts == {"sdpa": 0, "eager": 2}
+    line = fusion_summary("bert", "", {})
+    assert line.startswith("the optimizer (model type 'bert') fused no Attention node")
 
 
 @pytest.mark.parametrize("cls", [TinyBiLSTM, TinyKimCNN, TinyLR])
@@ -365,3 +372,77 @@ def test_bench_token_range_is_the_word_table_of_each_onnx_file(tiny_bert, tmp_pa
     registry.save_student(student, "kimcnn", tmp_path / "s", {"task": "sst2"})
     s_path = export_onnx(load_torch_model(str(tmp_path / "s")), tmp_path / "s.onnx")
     assert _onnx_vocab(quantize_int8(s_path, tmp_path / "s8.onnx")) == _onnx_vocab(s_path) == 3000
+
+
+# ----------------------------------------------------------------------------- every architecture
+
+# The inputs each tiny encoder is exported with: token_type_ids only where the model has a segment
+# table of two or more rows (RoBERTa/XLM-R have one, the tiny DeBERTa-v3 none, DistilBERT and
+# ModernBERT take no such argument).
+EXPECTED_INPUTS = {arch: ("input_ids", "attention_mask", "token_type_ids")
+                   if arch in ("bert", "electra", "albert") else ("input_ids", "attention_mask")
+                   for arch in ARCHITECTURES}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_exports_with_parity(arch, tiny_encoder, tmp_path):
+    from transformers import AutoTokenizer
+
+    folder = tiny_encoder(arch)
+    loaded = load_torch_model(str(folder))
+    assert loaded.input_names == EXPECTED_INPUTS[arch]
+    path = export_onnx(loaded, tmp_path / f"{arch}.onnx")
+    r = check_parity(loaded, path)  # three (batch, length) shapes with padded rows
+    assert r["max_abs_diff"]["logits"] <= FP32_ATOL and r["argmax_agreement"] == 1.0
+    ort = OrtModel(path)
+    assert ort.input_names == loaded.input_names
+    # the graph runs on what the model's own tokenizer produces
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert set(loaded.input_names) <= set(tok.model_input_names)
+    enc = tok(["Paris is the capital of France.", "Tower?"], padding=True, return_tensors="pt")
+    feeds = {k: v for k, v in enc.items() if k in loaded.input_names}
+    with torch.no_grad():
+        want = loaded.model(**feeds).logits.numpy()
+    np.testing.assert_allclose(ort.run(feeds)["logits"], want, rtol=0, atol=FP32_ATOL)
+
+
+def test_role_tables_name_optimizer_types_onnxruntime_has():
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    from compress.architectures import LAYOUTS
+
+    for layout in LAYOUTS.values():
+        assert layout.ort_model_type is None or layout.ort_model_type in MODEL_TYPES, layout.name
+    assert optimizer_model_type(wrap_module(TinyLR())) == (None, "a module has no transformer attention "
+                                                                   "layers to fuse")
+
+
+# (optimizer model type, the report's fusion line starts with); ALBERT runs its one shared layer
+# twice and onnxruntime 1.31 fuses the first execution only (parity holds either way).
+EXPECTED_FUSION = {
+    "bert": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
+    "roberta": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
+    "distilbert": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
+    "electra": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
+    "albert": ("bert", "model type 'bert': Attention fused in 1 of 2 attention blocks"),
+    "deberta-v2": (None, "none applies (deberta-v2: disentangled attention"),
+    "modernbert": (None, "none applies (modernbert: fused QKV, rotary embeddings and a gated FFN"),
+}
+
+
+@pytest.mark.parametrize("arch", EXPECTED_FUSION)
+def test_optimize_uses_the_role_tables_model_type_and_says_what_fused(arch, tiny_encoder, tmp_path):
+    model_type, line = EXPECTED_FUSION[arch]
+    out = tmp_path / f"{arch}.onnx"
+    report = run_export(ExportConfig(model=str(tiny_encoder(arch)), to=str(out), optimize=True))
+    assert report["optimizer_model_type"] == model_type
+    assert report["fusion"].startswith(line), report["fusion"]
+    assert "\n" not in report["fusion"]
+    assert report["parity_fp32"]["max_abs_diff"]["logits"] <= FP32_ATOL
+    if model_type is None:
+        assert report["fused_ops"] == {} and "parity_optimized" not in report  # no second graph
+    else:
+        assert report["fused_ops"]["Attention"] >= 1
+        assert report["parity_optimized"]["max_abs_diff"]["logits"] <= FP32_ATOL
+        assert "Attention" in _op_types(out)
+    assert OrtModel(out).input_names == EXPECTED_INPUTS[arch]

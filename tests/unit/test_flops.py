@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compress.measure.flops import FLOP_HANDLES, count_flops
+from tests.tiny_encoders import ARCHITECTURES
 
 
 class OneLinear(nn.Module):
@@ -159,3 +160,96 @@ def test_students_match_their_analytic_counts(name):
     assert r["dense_flops"] == model.flops_per_example(40)
     op = "lstm" if name == "bilstm" else "conv"
     assert r["dense_macs_by_operator"][op] > 0.9 * r["dense_macs"]
+
+
+# ----------------------------------------------------------------------------- every architecture
+
+def _tiny_classifier(arch: str, attn: str | None):
+    """The tiny ``arch`` of tests/tiny_encoders.py with a 2-label sequence-classification head."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.tiny_encoders import build
+
+    cfg, _ = build(arch)
+    cfg.num_labels = 2
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(cfg, attn_implementation=attn).eval()
+
+
+def _inputs(model, length: int) -> dict[str, torch.Tensor]:
+    from compress.export.onnx import declared_inputs
+
+    ids = torch.randint(5, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    all_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                  "token_type_ids": torch.zeros_like(ids)}
+    return {k: all_inputs[k] for k in declared_inputs(model)}
+
+
+def expected_macs(arch: str, c, L: int) -> dict[str, int]:
+    """Hand count of the tiny ``arch`` classifier at batch 1, length L, from its config, by kind:
+    ``linear`` (every Linear, per role), ``attention`` (activation x activation products: Q K^T and
+    P V, plus DeBERTa's relative-position products) and ``layer_norm`` (fvcore: 5 per element)."""
+    d, heads = c.hidden_size, c.num_attention_heads
+    f = c.intermediate_size if arch != "distilbert" else c.hidden_dim
+    layers, labels = c.num_hidden_layers, 2
+    qkv_o = 4 * d * d                          # query, key, value, attn_out
+    ffn = 2 * d * f                            # ffn_in, ffn_out
+    scores_and_values = 2 * L * L * d          # Q K^T and P V summed over heads (heads x head_dim = d)
+    head = d * d + d * labels                  # pooler / pre_classifier / head.dense, then classifier
+    norms = L + 2 * layers * L                 # embedding LayerNorm + two per layer, in rows of d
+    linear = layers * L * (qkv_o + ffn) + head
+    attention = layers * scores_and_values
+    norm_elems = norms * d
+    if arch in ("electra", "albert"):
+        e = c.embedding_size                   # embeddings_project / ALBERT's embedding projection
+        linear += L * e * d                    # ALBERT's one shared layer is executed `layers` times
+        norm_elems = L * e + 2 * layers * L * d
+    elif arch == "deberta-v2":
+        assert c.share_att_key and c.position_buckets > 0
+        span2 = 2 * c.position_buckets         # relative positions projected, whatever L is
+        linear += layers * 2 * span2 * d * d   # query_proj and key_proj of the relative embeddings
+        attention += layers * 2 * L * span2 * d  # c2p: Q x pos_K^T, p2c: K x pos_Q^T, all heads
+        norm_elems += span2 * d                # LayerNorm of the relative embeddings (once)
+    elif arch == "modernbert":
+        linear = layers * L * (3 * d * d + d * d + 2 * f * d + f * d) + head  # Wqkv, Wo, GLU Wi, Wo
+        # layer 0 has no attention norm; + final norm over L rows, + the head's norm on the CLS row
+        norm_elems = (L + (2 * layers - 1) * L + L + 1) * d
+    assert heads * (d // heads) == d
+    return {"linear": linear, "attention": attention, "layer_norm": 5 * norm_elems}
+
+
+ATTENTION_OPS = ("matmul", "bmm", "scaled_dot_product_attention")
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_matches_its_hand_count_under_each_attention(arch):
+    L = 24  # longer than ModernBERT's local half-window (8): its local layers still cost L x L
+    counts = {}
+    for attn in ("eager", "sdpa"):
+        model = _tiny_classifier(arch, "eager")
+        if attn == "sdpa":
+            if not type(model)._supports_sdpa:
+                assert arch == "deberta-v2"  # the only one without an SDPA path
+                continue
+            model = _tiny_classifier(arch, "sdpa")
+        r = count_flops(model, _inputs(model, L))
+        assert r["attention_implementation"] == attn
+        by_op = r["dense_macs_by_operator"]
+        assert set(by_op) <= {"linear", "layer_norm", *ATTENTION_OPS}, by_op
+        want = expected_macs(arch, model.config, L)
+        got = {"linear": by_op["linear"], "attention": sum(by_op.get(op, 0) for op in ATTENTION_OPS),
+               "layer_norm": by_op["layer_norm"]}
+        assert got == want
+        assert r["dense_macs"] == sum(want.values()) and r["dense_flops"] == 2 * r["dense_macs"]
+        counts[attn] = r["dense_macs"]
+    if "sdpa" in counts:
+        assert counts["sdpa"] == counts["eager"]
+
+
+def test_modernbert_local_layers_cost_what_global_ones_do():
+    """Under eager/SDPA a sliding-window layer computes all L x L scores and masks the far ones."""
+    model = _tiny_classifier("modernbert", "sdpa")
+    assert model.config.global_attn_every_n_layers == 3 and model.config.num_hidden_layers == 3
+    L = 40  # > local_attention (16): layers 1 and 2 see a window, layer 0 everything
+    by_op = count_flops(model, _inputs(model, L))["dense_macs_by_operator"]
+    assert by_op["scaled_dot_product_attention"] == 3 * 2 * L * L * model.config.hidden_size
