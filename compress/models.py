@@ -115,7 +115,20 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         # Trained for other labels: ignore_mismatched_sizes only re-creates a head whose shape
         # differs, and an SST-2 head (2 labels) would carry over to RTE (2 labels).
         fresh_head(model)
-    return model, load_tokenizer(spec), meta
+    return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
+
+
+def match_tokenizer_inputs(tokenizer, model):
+    """Drop from ``tokenizer.model_input_names`` the inputs that ``model.forward`` does not name, so
+    that encodings and padded batches hold only what the model takes (ModernBERT and DistilBERT
+    take no ``token_type_ids``, whatever their tokenizer emits; a forward's ``**kwargs`` does not
+    count). The first name (``input_ids``) always stays. Returns the tokenizer, changed in place."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    names = list(tokenizer.model_input_names)
+    tokenizer.model_input_names = names[:1] + [n for n in names[1:] if n in params]
+    return tokenizer
 
 
 def register_model_types() -> None:

@@ -62,9 +62,12 @@ def _unigram_tokenizer(cls_tok: str, sep_tok: str, pad_tok: str, unk_tok: str, m
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls_tok} $A {sep_tok}", pair=f"{cls_tok} $A {sep_tok} $B{second} {sep_tok}{second}",
         special_tokens=[(cls_tok, cls_id), (sep_tok, sep_id)])
+    # ALBERT's and DeBERTa-v3's tokenizers emit token_type_ids (XLM-R's do not)
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if type_ids else ["input_ids",
+                                                                              "attention_mask"]
     return PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, bos_token=cls_tok, eos_token=sep_tok,
                                    cls_token=cls_tok, sep_token=sep_tok, pad_token=pad_tok,
-                                   unk_token=unk_tok, mask_token=mask_tok)
+                                   unk_token=unk_tok, mask_token=mask_tok, model_input_names=inputs)
 
 
 def _wordpiece_tokenizer():

@@ -16,8 +16,13 @@ Each operator is a pure function of its input and a seeded ``random.Random``:
 then n-gram sampling with probability ``p_ngram``), plus sentence shuffling with probability
 ``p_shuffle`` for documents. A copy that comes out identical to its example is drawn again (up to
 ``MAX_REDRAWS`` times): it would only repeat the example. Words are split from punctuation
-(``movie,`` -> ``movie ,``) before tagging, so tags and replacements see bare words; BERT's
-tokenizer splits punctuation anyway, so the spacing this leaves does not change the tokens.
+(``movie,`` -> ``movie`` ``,``) before tagging, so tags and replacements see bare words, and each
+word remembers whether a space preceded it: a copy is written back with the example's own spacing
+(``movie,`` stays ``movie,``). WordPiece splits punctuation anyway, but byte-level BPE (RoBERTa's
+``Ġ``) and SentencePiece (``▁``) mark word starts, so ``movie ,`` would give the teacher pieces the
+example never had. The mask token (the teacher's: ``[MASK]``, ``<mask>``) is written without the
+space before it, as RoBERTa's and ALBERT's masks strip it (``lstrip``): it stands for the word and
+its space, so no tokenizer reads a stray space piece beside it.
 Augmented examples carry only teacher labels; the two sides of a pair are augmented independently.
 """
 
@@ -28,6 +33,7 @@ import random
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from compress.config import check_range
 from compress.errors import DataError, UsageError
@@ -77,7 +83,13 @@ def require_nltk_data() -> None:
                         f"it (e.g. ../shared/data/nltk_data); or pass --augment 0")
 
 
-Tagged = list[list[tuple[str, str]]]  # sentences of (word, tag)
+class TaggedWord(NamedTuple):
+    word: str
+    tag: str  # Penn Treebank
+    space_before: bool  # whitespace preceded the word in its sentence
+
+
+Tagged = list[list[TaggedWord]]  # sentences of words
 
 # a word (with inner apostrophes: it's, don't) or a run of punctuation
 _TOKEN = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]+")
@@ -89,19 +101,39 @@ def split_words(sentence: str) -> list[str]:
     return _TOKEN.findall(sentence)
 
 
+def split_spaced(sentence: str) -> list[tuple[str, bool]]:
+    """``split_words`` with, per word, whether whitespace preceded it:
+    ``'Fun, too'`` -> ``[('Fun', False), (',', False), ('too', True)]``."""
+    return [(m.group(), m.start() > 0 and sentence[m.start() - 1].isspace())
+            for m in _TOKEN.finditer(sentence)]
+
+
 def tag_texts(texts: list[str]) -> list[Tagged]:
-    """Split each text into sentences (Punkt) and words (``split_words``), and POS-tag them."""
+    """Split each text into sentences (Punkt) and words (``split_spaced``), and POS-tag them."""
     import nltk
 
     require_nltk_data()
-    sents_per_text = [[split_words(s) for s in nltk.sent_tokenize(t)] or [split_words(t)] for t in texts]
+    sents_per_text = [[split_spaced(s) for s in nltk.sent_tokenize(t)] or [split_spaced(t)] for t in texts]
     flat = [s for sents in sents_per_text for s in sents]
-    tagged_flat = nltk.pos_tag_sents(flat)
+    tagged_flat = nltk.pos_tag_sents([[w for w, _ in s] for s in flat])
     out, i = [], 0
     for sents in sents_per_text:
-        out.append([list(x) for x in tagged_flat[i:i + len(sents)]])
+        out.append([[TaggedWord(w, t, sp) for (w, t), (_, sp) in zip(tagged, spaced)]
+                    for tagged, spaced in zip(tagged_flat[i:i + len(sents)], sents)])
         i += len(sents)
     return out
+
+
+def render(sentences: list[list[tuple[str, bool]]], mask_token: str | None = None) -> str:
+    """Sentences of (word, space_before) back to text: sentences joined by a space, words with the
+    space they had; ``mask_token`` never takes the space before it (see the module docstring)."""
+    parts: list[str] = []
+    for sent in sentences:
+        for k, (word, space) in enumerate(sent):
+            if parts and (k == 0 or space) and word != mask_token:
+                parts.append(" ")
+            parts.append(word)
+    return "".join(parts)
 
 
 class TagUnigrams:
@@ -111,7 +143,7 @@ class TagUnigrams:
         counts: dict[str, Counter] = defaultdict(Counter)
         for text in tagged_texts:
             for sent in text:
-                for word, tag in sent:
+                for word, tag, *_ in sent:
                     counts[tag][word] += 1
         self.words: dict[str, list[str]] = {}
         self.cum: dict[str, list[int]] = {}
@@ -176,18 +208,17 @@ def augment_one(tagged: Tagged, rng: random.Random, unigrams: TagUnigrams, cfg: 
     sents = [s for s in tagged if s]
     if len(sents) > 1 and rng.random() < cfg.p_shuffle:
         sents = shuffle_sentences(sents, rng)
-    new_sents = []
+    new_sents = []  # sentences of (word, space_before)
     for sent in sents:
-        words = [w for w, _ in sent]
-        tags = [t for _, t in sent]
-        new_sents.append(mask_and_replace(words, tags, rng, unigrams, cfg.p_mask, cfg.p_pos,
-                                          cfg.mask_token))
+        words = mask_and_replace([w.word for w in sent], [w.tag for w in sent], rng, unigrams,
+                                 cfg.p_mask, cfg.p_pos, cfg.mask_token)
+        new_sents.append(list(zip(words, [w.space_before for w in sent])))
     if rng.random() < cfg.p_ngram:
         if len(new_sents) > 1:
             new_sents = ngram_sample(new_sents, rng, cfg.max_ngram)
         elif new_sents:
             new_sents = [ngram_sample(new_sents[0], rng, cfg.max_ngram)]
-    return " ".join(w for s in new_sents for w in s)
+    return render(new_sents, cfg.mask_token)
 
 
 def augment_texts(texts: list[str], pairs: list[str] | None, cfg: AugmentConfig
@@ -202,8 +233,9 @@ def augment_texts(texts: list[str], pairs: list[str] | None, cfg: AugmentConfig
     rng = random.Random(cfg.seed)
     out_t: list[str] = []
     out_p: list[str] | None = [] if pairs is not None else None
+
     def joined(tg: Tagged) -> str:  # what augment_one returns when nothing changed
-        return " ".join(w for sent in tg for w, _ in sent)
+        return render([[(w.word, w.space_before) for w in sent] for sent in tg if sent])
 
     for i, tg in enumerate(tagged):
         side = tagged_pairs[i] if tagged_pairs is not None else None

@@ -1,11 +1,12 @@
-"""Initial embedding matrices for students on the teacher's WordPiece vocabulary.
+"""Initial embedding matrices for students on the teacher's vocabulary (WordPiece, BPE, SentencePiece).
 
 ``teacher``: the teacher's input word embeddings (vocab x hidden, 384-d for MiniLM).
 ``random``: None (the student's own initialisation).
 PATH: a word2vec/GloVe text file (``word v1 ... vd`` per line, an optional ``count dim`` header)
-mapped onto the vocabulary: a WordPiece token takes the vector of the same word, else of its
-lower-cased form, else (``##piece``) of the piece without the ``##``; tokens with no vector get
-N(0, s^2) with s the standard deviation of the found vectors; [PAD] is zero.
+mapped onto the vocabulary: a token takes the vector of the same word, else of its lower-cased
+form, else of the piece without its marker (WordPiece's ``##piece``, byte-level BPE's ``Ġword``,
+SentencePiece's ``▁word``), as is or lower-cased; tokens with no vector get N(0, s^2) with s the
+standard deviation of the found vectors; the padding token is zero.
 """
 
 from __future__ import annotations
@@ -82,6 +83,18 @@ def read_vectors(path: Path) -> dict[str, np.ndarray]:
     return vectors
 
 
+# Marks of a piece that continues a word (WordPiece) or starts one (byte-level BPE, SentencePiece).
+PIECE_MARKS = ("##", "\u0120", "\u2581")  # "##", "Ġ", "▁"
+
+
+def bare_piece(token: str) -> str | None:
+    """``##ing`` -> ``ing``, ``Ġmovie`` -> ``movie``, ``▁film`` -> ``film``; None without a mark."""
+    for mark in PIECE_MARKS:
+        if token.startswith(mark) and len(token) > len(mark):
+            return token[len(mark):]
+    return None
+
+
 def vectors_for_vocab(vectors: dict[str, np.ndarray], vocab: dict[str, int], pad_id: int,
                       seed: int = 0) -> tuple[torch.Tensor, float]:
     """(matrix (len(vocab), dim), coverage = fraction of tokens that found a vector)."""
@@ -90,7 +103,8 @@ def vectors_for_vocab(vectors: dict[str, np.ndarray], vocab: dict[str, int], pad
     mat = np.zeros((size, dim), dtype=np.float32)
     found = np.zeros(size, dtype=bool)
     for tok, i in vocab.items():
-        for cand in (tok, tok.lower(), tok[2:] if tok.startswith("##") else None):
+        bare = bare_piece(tok)
+        for cand in (tok, tok.lower(), bare, bare and bare.lower()):
             if cand and cand in vectors:
                 mat[i] = vectors[cand]
                 found[i] = True

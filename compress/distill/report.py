@@ -22,7 +22,10 @@ import torch
 
 
 def bert_flops_formula(config, seq_len: int, num_labels: int) -> int:
-    h, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    """The BERT formula above for any encoder config: the FFN width is ``intermediate_size``, or
+    DistilBERT's ``hidden_dim`` (its ``hidden_size`` and ``num_hidden_layers`` are aliases)."""
+    h, n = config.hidden_size, config.num_hidden_layers
+    f = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None) or 4 * h
     macs = n * (seq_len * (4 * h * h + 2 * h * f) + 2 * seq_len * seq_len * h) + h * h + h * num_labels
     return 2 * macs
 

@@ -190,6 +190,40 @@ def hold_out(ds, fraction: float, seed: int):
     return ds.select(keep), ds.select(sorted(held))
 
 
+def mask_token_of(tokenizer) -> str:
+    """The mask token augmentation writes (``[MASK]``, RoBERTa's ``<mask>``); a tokenizer without
+    one gets its unknown token, which every vocabulary reads as a word it cannot see."""
+    token = tokenizer.mask_token or tokenizer.unk_token
+    if token is None:
+        raise UsageError("--augment masks words, but the teacher's tokenizer has neither a mask nor an "
+                         "unknown token; pass --p-mask 0")
+    return token
+
+
+def non_feature_ids(tokenizer) -> tuple[int, ...]:
+    """Token ids that are not features of a bag-of-ids student: the tokenizer's special ids
+    ([CLS]/<s>, [SEP]/</s>, padding, unknown, any added special token), sorted, but never the mask
+    token. A masked copy then reads to the linear student as it does to the teacher (a word it
+    cannot see), not as a deletion that joins the neighbours into a new bigram."""
+    named = (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id)
+    ids = set(tokenizer.all_special_ids) | {i for i in named if i is not None}
+    return tuple(sorted(ids - {tokenizer.mask_token_id}))
+
+
+def flops_input_ids(tokenizer, seq_len: int) -> torch.Tensor:
+    """(1, seq_len) ids for counting FLOPs: the tokenizer's [CLS] ... [SEP] (or <s> ... </s>) around
+    its first non-special id repeated, so every id is in the vocabulary of any tokenizer."""
+    special = set(tokenizer.all_special_ids)
+    word = next(i for i in range(len(tokenizer)) if i not in special)
+    ids = torch.full((1, seq_len), word, dtype=torch.long)
+    if seq_len >= 2:
+        if tokenizer.cls_token_id is not None:
+            ids[0, 0] = tokenizer.cls_token_id
+        if tokenizer.sep_token_id is not None:
+            ids[0, -1] = tokenizer.sep_token_id
+    return ids
+
+
 def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
     """Fine-tune the packaged encoder on the task into ``folder`` (a finetune run folder)."""
     from compress.finetune import FinetuneConfig, run_finetune
@@ -242,10 +276,7 @@ def run_distill(cfg: DistillConfig) -> Path:
     tokenizer = load_tokenizer(cfg.teacher)
     options["pad_id"] = tokenizer.pad_token_id or 0
     if "special_ids" in entry.config_class.__dataclass_fields__:
-        # [CLS]/[SEP]/[PAD] are not features; the mask token is, so a masked copy reads to the
-        # linear student as it does to the teacher (a word it cannot see), not as a deletion
-        # that joins the neighbours into a new bigram
-        options["special_ids"] = tuple(i for i in tokenizer.all_special_ids if i != tokenizer.mask_token_id)
+        options["special_ids"] = non_feature_ids(tokenizer)
     lr = cfg.lr if cfg.lr is not None else entry.lr_for(multilabel)
     weight_decay = (cfg.weight_decay if cfg.weight_decay is not None
                     else entry.weight_decay_for(len(labels), multilabel))
@@ -255,7 +286,9 @@ def run_distill(cfg: DistillConfig) -> Path:
                                    max_grad_norm=cfg.max_grad_norm,
                                    seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
                                    kd_loss=cfg.kd_loss, multilabel=multilabel)
-    aug_cfg = cfg.augment_config(seed=data_seed, mask_token=tokenizer.mask_token or "[MASK]")
+    # the mask token is the teacher's ([MASK], <mask>); asked for only when copies mask words
+    mask = {"mask_token": mask_token_of(tokenizer)} if cfg.augment and cfg.p_mask > 0 else {}
+    aug_cfg = cfg.augment_config(seed=data_seed, **mask)
     device = _device()
     mode = "no-kd" if cfg.no_kd else "kd"
 
@@ -268,7 +301,8 @@ def run_distill(cfg: DistillConfig) -> Path:
         # ---- teacher ------------------------------------------------------------------------
         teacher_spec = str(_finetune_teacher(cfg, run.path / "teacher")) if finetune_first else cfg.teacher
         teacher_seconds = time.time() - t_start
-        teacher, _, _ = load_classifier(teacher_spec, labels, multilabel, strict_labels=True)
+        # the teacher's tokenizer as loaded with it: its encodings hold only the inputs it takes
+        teacher, tokenizer, _ = load_classifier(teacher_spec, labels, multilabel, strict_labels=True)
         teacher.to(device)
         fp = teacher_fingerprint(resolve_model(teacher_spec))
 
@@ -357,8 +391,7 @@ def run_distill(cfg: DistillConfig) -> Path:
         teacher_metrics = _score(spec.family, spec.metric, teacher_eval, eval_gold)
         fidelity = teacher_agreement(student_logits, teacher_eval, eval_gold, multilabel)
         seq_len = max(1, round(float(np.mean([len(x) for x in eval_ids]))))
-        ids = torch.full((1, seq_len), 1000, dtype=torch.long)
-        ids[0, 0], ids[0, -1] = tokenizer.cls_token_id or 101, tokenizer.sep_token_id or 102
+        ids = flops_input_ids(tokenizer, seq_len)
         student.cpu()
         teacher.cpu()
         s_flops, s_src = measure_flops(student, {"input_ids": ids}, student.flops_per_example(seq_len))

@@ -5,6 +5,11 @@ Hugging Face semantics). Training windows label the answer's first/last token, o
 (index 0) when the answer is not wholly inside the window. Evaluation windows keep, per token, the
 (start, end) character offsets into the context, or None for question/special tokens, so that the
 post-processing can map a token span back to context text.
+
+The context is found through the encoding's ``sequence_ids`` (never ``token_type_ids``, which
+RoBERTa, XLM-R and ModernBERT do not have), so any pair template works (BERT's
+``[CLS] Q [SEP] C [SEP]``, RoBERTa's ``<s> Q </s></s> C </s>``). Every window also carries
+``context_mask`` (1 on context tokens), which the span objectives use to keep spans in the context.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_str
         enc = tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
                         truncation="only_second", max_length=max_length, stride=doc_stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True, padding=False)
-    except Exception as exc:  # noqa: BLE001 - the Rust tokenizer refuses windows with no context room
+    except BaseException as exc:  # noqa: BLE001 - the Rust tokenizer refuses windows with no context room
+        # by raising, or by panicking (pyo3's PanicException derives from BaseException)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         from compress.errors import DataError
 
         longest = max(examples, key=lambda e: len(e.question))
@@ -101,6 +109,7 @@ def prepare_train_features(tokenizer, examples: Sequence[QAExample], max_length:
                 t -= 1
             end_tok = t + 1
         f = {k: enc[k][i] for k in MODEL_INPUTS if k in enc}
+        f["context_mask"] = [int(s == 1) for s in seq_ids]
         f["start_positions"] = start_tok
         f["end_positions"] = end_tok
         feats.append(f)
@@ -123,10 +132,18 @@ def prepare_eval_features(tokenizer, examples: Sequence[QAExample], max_length: 
 
 
 def collate_features(tokenizer, rows: list[dict]) -> dict[str, torch.Tensor]:
-    """Pad model inputs; stack the span labels when present. Bookkeeping keys are dropped."""
+    """Pad model inputs and ``context_mask`` (0 on padding); stack the span labels when present.
+    Bookkeeping keys are dropped."""
     batch = tokenizer.pad([{k: r[k] for k in MODEL_INPUTS if k in r} for r in rows],
                           return_tensors="pt")
     out = dict(batch)
+    if "context_mask" in rows[0]:
+        mask = torch.zeros_like(out["input_ids"])
+        for j, r in enumerate(rows):
+            n = len(r["context_mask"])
+            cols = slice(0, n) if tokenizer.padding_side == "right" else slice(mask.shape[1] - n, None)
+            mask[j, cols] = torch.tensor(r["context_mask"])
+        out["context_mask"] = mask
     if "start_positions" in rows[0]:
         out["start_positions"] = torch.tensor([r["start_positions"] for r in rows], dtype=torch.long)
         out["end_positions"] = torch.tensor([r["end_positions"] for r in rows], dtype=torch.long)

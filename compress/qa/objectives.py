@@ -276,8 +276,10 @@ class HLAACLObjective(nn.Module):
         out = model(**inputs, output_hidden_states=True)
         sl, el = out.start_logits, out.end_logits
         sp, ep = batch["start_positions"], batch["end_positions"]
-        valid = None
-        if "token_type_ids" in inputs:
+        valid = None  # spans within the context (the features' context_mask, from sequence_ids)
+        if "context_mask" in batch:
+            valid = batch["context_mask"].bool()
+        elif "token_type_ids" in inputs:
             valid = (inputs["token_type_ids"] == 1) & inputs["attention_mask"].bool()
         with torch.no_grad():
             ts, te, _ = topk_spans(sl.detach(), el.detach(), self.k, self.max_answer_length, valid)

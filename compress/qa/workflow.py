@@ -20,7 +20,14 @@ import torch
 
 from compress.config import to_dict
 from compress.errors import ModelError
-from compress.models import load_tokenizer, read_meta, register_model_types, resolve_model, save_model
+from compress.models import (
+    load_tokenizer,
+    match_tokenizer_inputs,
+    read_meta,
+    register_model_types,
+    resolve_model,
+    save_model,
+)
 from compress.pruning.pruner import fine_tuning_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
 from compress.qa.objectives import make_objective
@@ -52,7 +59,7 @@ def load_qa_model(spec: str, require_finetuned: bool = False):
     except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
         raise ModelError(f"could not load '{spec}' as a question-answering model ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
-    return model, load_tokenizer(spec), meta
+    return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
 
 
 def load_qa_data(cfg, splits: Sequence[str] = ("train", "dev")) -> dict[str, QADataset]:

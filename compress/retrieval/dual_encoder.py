@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.errors import ModelError
-from compress.models import load_tokenizer, read_meta, register_model_types, resolve_model
+from compress.models import (
+    load_tokenizer,
+    match_tokenizer_inputs,
+    read_meta,
+    register_model_types,
+    resolve_model,
+)
 from compress.training import train
 
 REQA_TASK = "reqa"
@@ -50,7 +56,7 @@ def load_dual_encoder(spec: str, require_finetuned: bool = False):
         enc = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
         raise ModelError(f"could not load '{spec}' as an encoder ({type(exc).__name__})") from None
-    return DualEncoder(enc), load_tokenizer(spec), meta
+    return DualEncoder(enc), match_tokenizer_inputs(load_tokenizer(spec), enc), meta
 
 
 def in_batch_softmax_loss(q: torch.Tensor, s: torch.Tensor, scale: float,

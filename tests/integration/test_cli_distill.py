@@ -206,8 +206,9 @@ def test_augmentation_operator_flags_reach_the_transfer_set(teacher_run, tmp_pat
     assert r.returncode == 0, r.stderr
     texts = load_task_data(DistillConfig(task="sample"))[1]["train"].texts[:20]
     copies, _ = augment_texts(texts, None, AugmentConfig(copies=2, p_mask=1, p_pos=0, p_ngram=0, seed=42))
-    # independently of the augmenter: one [MASK] per word or punctuation mark of the example
-    assert copies == [" ".join(["[MASK]"] * len(split_words(t))) for t in texts for _ in range(2)]
+    # independently of the augmenter: one [MASK] per word or punctuation mark of the example, each
+    # written without the space before it (it stands for the word and its space)
+    assert copies == ["[MASK]" * len(split_words(t)) for t in texts for _ in range(2)]
     key, cached = read_cache(out / CACHE_DIR / "transfer.safetensors")
     assert cached.shape[0] == 60
     assert key == transfer_key(teacher_fingerprint(teacher_run / "model"), texts + copies, None, 32)

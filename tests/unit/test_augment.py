@@ -13,8 +13,10 @@ from compress.distill.augment import (
     augment_texts,
     mask_and_replace,
     ngram_sample,
+    render,
     require_nltk_data,
     shuffle_sentences,
+    split_spaced,
     split_words,
     tag_texts,
 )
@@ -74,6 +76,41 @@ def test_split_words_separates_punctuation():
         "A", "gripping", ",", "funny", "film", ".", "It's", '"', "great", '"!']
 
 
+def test_split_spaced_and_render_keep_the_spacing_of_the_text():
+    text = 'A gripping, funny film. It\'s "great"!'
+    spaced = split_spaced(text)
+    assert [w for w, _ in spaced] == split_words(text)
+    # A gripping , funny film . It's " great "!
+    assert [sp for _, sp in spaced] == [False, True, False, True, True, False, True, True, False, False]
+    assert render([spaced]) == text
+    assert render([split_spaced("Oil rose."), split_spaced("Stocks fell.")]) == "Oil rose. Stocks fell."
+
+
+def test_render_writes_the_mask_without_the_space_before_it():
+    """``<mask>`` stands for the word and its space (RoBERTa's lstrip mask): a byte-level BPE then
+    reads no lone space piece beside it."""
+    words = [("a", False), ("<mask>", True), (",", False), ("<mask>", True), ("film", True)]
+    assert render([words], mask_token="<mask>") == "a<mask>,<mask> film"
+    assert render([[("<mask>", False), ("film", True)]], mask_token="<mask>") == "<mask> film"
+
+
+def test_augmented_copies_tokenize_as_the_example_does_on_bpe_and_sentencepiece(nltk_data):
+    """Unchanged words give the teacher's tokenizer the pieces of the example itself (no ``Ġ,``
+    or ``▁,`` from a space put before punctuation), and a masked word is exactly one mask id."""
+    from tests.tiny_encoders import build
+
+    text = "A gripping, funny film. It's great!"
+    for arch in ("roberta", "deberta-v2"):
+        tok = build(arch)[1]
+        unchanged, _ = augment_texts([text], None, AugmentConfig(copies=1, p_mask=0, p_pos=0, p_ngram=0,
+                                                                 p_shuffle=0, mask_token=tok.mask_token))
+        assert unchanged == [text]
+        masked, _ = augment_texts([text], None, AugmentConfig(copies=1, p_mask=1, p_pos=0, p_ngram=0,
+                                                              p_shuffle=0, mask_token=tok.mask_token))
+        ids = tok(masked[0], add_special_tokens=False)["input_ids"]
+        assert ids == [tok.mask_token_id] * len(split_words(text)), tok.convert_ids_to_tokens(ids)
+
+
 def test_ngram_sample_is_a_window_of_1_to_5():
     seen = set()
     for seed in range(200):
@@ -100,10 +137,11 @@ def test_shuffle_sentences_is_a_seeded_permutation():
 def test_tagger_on_real_nltk_data(nltk_data):
     tagged = tag_texts(["The quick brown fox jumps over the lazy dog .", "It rained. We stayed in.",
                         "A great movie, however long."])
-    assert tagged[0][0][:2] == [("The", "DT"), ("quick", "JJ")]
-    assert ("fox", "NN") in tagged[0][0] and ("jumps", "VBZ") in tagged[0][0]
+    assert tagged[0][0][:2] == [("The", "DT", False), ("quick", "JJ", True)]
+    assert ("fox", "NN", True) in tagged[0][0] and ("jumps", "VBZ", True) in tagged[0][0]
     assert len(tagged[1]) == 2  # two sentences
-    assert ("movie", "NN") in tagged[2][0] and (",", ",") in tagged[2][0]  # not "movie," as a noun
+    # not "movie," as a noun; the comma had no space before it
+    assert ("movie", "NN", True) in tagged[2][0] and (",", ",", False) in tagged[2][0]
 
 
 def test_augment_texts_counts_determinism_and_pairs(nltk_data):

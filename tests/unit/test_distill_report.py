@@ -32,3 +32,16 @@ def test_multilabel_agreement_per_decision_and_per_example():
     r = teacher_agreement(student, teacher, np.zeros((2, 3)), multilabel=True)
     assert r["agreement"] == pytest.approx(5 / 6)
     assert r["exact_agreement"] == pytest.approx(1 / 2)
+
+
+def test_bert_flops_formula_reads_distilbert_configs():
+    """DistilBERT names the FFN width hidden_dim; the formula then equals a BERT of the same sizes:
+    2 layers x (8 x (4 x 32^2 + 2 x 32 x 64) + 2 x 8^2 x 32) + 32^2 + 32 x 2 MACs."""
+    from transformers import BertConfig, DistilBertConfig
+
+    from compress.distill.report import bert_flops_formula
+
+    macs = 2 * (8 * (4 * 32 * 32 + 2 * 32 * 64) + 2 * 64 * 32) + 32 * 32 + 32 * 2
+    distil = DistilBertConfig(n_layers=2, dim=32, n_heads=4, hidden_dim=64)
+    bert = BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    assert bert_flops_formula(distil, 8, 2) == bert_flops_formula(bert, 8, 2) == 2 * macs
