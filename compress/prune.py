@@ -24,6 +24,15 @@ from pathlib import Path
 import torch
 
 from compress.config import check_range, to_dict
+from compress.distill.teacher_kd import (
+    TEACHER_SELF,
+    TeacherKDOptions,
+    TeacherLogitsLoss,
+    agreement,
+    attach_teacher_logits,
+    check_teacher_fits,
+    teacher_logits_collate,
+)
 from compress.errors import DataError, UsageError
 from compress.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
 from compress.measure.sparsity import sparsity_report
@@ -40,8 +49,9 @@ from compress.training import TrainConfig, TrainHook, encode, set_seed, train
 
 
 @dataclass(frozen=True)
-class PruneConfig(TrainConfig, TaskDataConfig, QAOptions):
+class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     # QAOptions: --doc-stride, --split-by-article, --objective, ... (squad/reqa only).
+    # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden (distillation-aware pruning).
     sparsity: float = 0.4
     criterion: str = "magnitude"
     scope: str = "local"
@@ -66,11 +76,15 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions):
     def __post_init__(self):
         TrainConfig.__post_init__(self)
         QAOptions.__post_init__(self)
+        TeacherKDOptions.__post_init__(self)
         for lim in ("train_limit", "eval_limit"):
             v = getattr(self, lim)
             if v is not None and v < 1:
                 raise UsageError(f"--{lim.replace('_', '-')} must be >= 1, got {v}")
         check_range("sparsity", self.sparsity, 0, 1, hi_open=True)
+        if self.teacher is not None and self.stage == "pretrain":
+            raise UsageError("--teacher applies to --stage finetune and after-finetune (the masked-LM "
+                             "stage has no task logits to distil); drop --teacher")
         get_criterion(self.criterion)
         get_scope(self.scope)
         if self.schedule not in SCHEDULES:
@@ -195,6 +209,79 @@ def write_masks_and_sparsity(run_path: Path, masks: dict | None) -> dict:
     return report
 
 
+def load_teacher(cfg: PruneConfig, labels, tokenizer, multilabel: bool, dense=None):
+    """The frozen teacher of distillation-aware pruning and its folder (None for an in-memory copy).
+
+    ``--teacher self`` is ``dense`` when given (after-finetune: the model the dense phase made),
+    else ``--model`` itself, which must then be fine-tuned on the task. Refused in one line when
+    its labels or its tokenizer differ from the pruned model's."""
+    if cfg.teacher == TEACHER_SELF and dense is not None:
+        teacher = copy.deepcopy(dense)
+        return teacher.eval().requires_grad_(False), None
+    spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
+    teacher, teacher_tok, meta = load_classifier(spec, labels, multilabel=multilabel, strict_labels=True)
+    check_teacher_fits(teacher_tok, tokenizer, meta["label_names"], labels, spec)
+    return teacher.eval().requires_grad_(False), resolve_model(spec)
+
+
+def teacher_training(cfg: PruneConfig, teacher, teacher_dir: str | None, tokenizer, train_ds, feats,
+                     multilabel: bool, run: RunDir) -> dict:
+    """``train`` arguments (feats, collate, loss_fn) that add the teacher's KD term to the loss.
+
+    The teacher's logits over the training set are computed once (cached in the run folder under
+    a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden the
+    teacher runs each step instead, for its hidden states."""
+    from compress.distill.teacher import (
+        CACHE_DIR,
+        cached_logits,
+        teacher_fingerprint,
+        teacher_predict,
+        transfer_key,
+    )
+    from compress.training import make_collate
+
+    lam = cfg.lambda_for(multilabel)
+    if cfg.kd_hidden > 0:
+        return {"feats": feats, "collate": make_collate(tokenizer),
+                "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature, cfg.kd_hidden, teacher)}
+    if torch.cuda.is_available():
+        teacher.to("cuda")
+
+    def compute():
+        return teacher_predict(teacher, tokenizer, train_ds.texts, train_ds.pairs, cfg.max_length,
+                               cfg.eval_batch_size)
+
+    if teacher_dir is None:
+        logits = compute()
+    else:
+        key = transfer_key(teacher_fingerprint(teacher_dir), train_ds.texts, train_ds.pairs, cfg.max_length)
+        logits, _ = cached_logits(run.path / CACHE_DIR / "train.safetensors", key, compute)
+    teacher.to("cpu")
+    return {"feats": attach_teacher_logits(feats, logits),
+            "collate": teacher_logits_collate(make_collate(tokenizer)),
+            "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature)}
+
+
+def teacher_summary(cfg: PruneConfig, teacher, model, tokenizer, spec, eval_ds, multilabel: bool) -> dict:
+    """The teacher, its metric on the eval set, and how often the pruned model agrees with it."""
+    import numpy as np
+
+    from compress.metrics import compute_metrics
+    from compress.training import make_collate, predict
+
+    feats = encode(tokenizer, eval_ds, cfg.max_length)
+    collate = make_collate(tokenizer)
+    device = next(model.parameters()).device
+    t_logits = predict(teacher.to(device), feats, collate, cfg.eval_batch_size)
+    s_logits = predict(model, feats, collate, cfg.eval_batch_size)
+    teacher.to("cpu")
+    metrics = compute_metrics(spec.family, t_logits, np.array([f["labels"] for f in feats]))
+    metrics["score"] = metrics[spec.metric]
+    return {"teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(multilabel), "temperature": cfg.temperature,
+            "kd_hidden": cfg.kd_hidden, "teacher_eval": metrics,
+            "agreement_with_teacher": agreement(s_logits, t_logits, multilabel)}
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
@@ -215,7 +302,10 @@ def prune_finetune(cfg: PruneConfig) -> Path:
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
     set_seed(cfg.seed)  # a fresh task head is initialised here: same seed, same run
-    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
+    multilabel = data["train"].multilabel
+    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel)
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
+                            else (None, None))
     n_steps = total_steps(cfg, len(data["train"]))
     pruner, hooks = None, []
     if not cfg.structured:
@@ -227,18 +317,23 @@ def prune_finetune(cfg: PruneConfig) -> Path:
         t0 = time.time()
         structured = run_structured(model, cfg) if cfg.structured else None
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,
-                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume)
+        kd = {"feats": feats}
+        if teacher is not None:
+            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+        result = train(model, tokenizer, kd.pop("feats"), cfg, hooks, log=run.log_metrics,
+                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume, **kd)
         masks = pruner.finalize() if pruner else None
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
-        meta = {"task": spec.name, "label_names": list(labels), "multilabel": data["train"].multilabel,
+        distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
+                   if teacher is not None else None)
+        meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
                 "max_length": cfg.max_length, "base_model": cfg.model,
                 "pruning": pruning_meta(cfg, pruner, structured)}
         save_pruned(run, model, tokenizer, masks, meta, {
             "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
             "steps": result["steps"], "train_seconds": round(time.time() - t0, 1),
-            "metric": spec.metric, "eval": metrics, "structured": structured,
+            "metric": spec.metric, "eval": metrics, "structured": structured, "distillation": distill,
             "prune_history": pruner.history if pruner else None})
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
@@ -249,7 +344,11 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
     set_seed(cfg.seed)  # a fresh task head is initialised here: same seed, same run
-    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
+    multilabel = data["train"].multilabel
+    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel)
+    # an external teacher is loaded and checked before the run folder exists; 'self' after phase 1
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel)
+                            if cfg.teacher and cfg.teacher != TEACHER_SELF else (None, None))
     n_dense = total_steps(cfg, len(data["train"]))
     n_recover = cfg.recovery_steps or n_dense
     pruner, hooks = None, []
@@ -273,6 +372,8 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
                                       cfg.eval_batch_size)}
             run.finish_phase("dense", dense, [{"phase": "dense", "step": dense["steps"],
                                                "eval": dense["eval"]}])
+        if cfg.teacher == TEACHER_SELF:  # the dense model, before any weight is pruned
+            teacher, teacher_dir = load_teacher(cfg, labels, tokenizer, multilabel, dense=model)
         # Pruning the dense model is deterministic and cheap, so a resumed run redoes it (the
         # recovery checkpoints hold the structured model's shapes and the masks); its score is kept.
         structured, before_recovery = None, None
@@ -290,15 +391,20 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
                                            cfg.eval_batch_size)}
                 run.finish_phase("pruned", pruned)
             before_recovery = pruned["eval"]
-        # Phase 2, recovery with the masks.
+        # Phase 2, recovery with the masks (and the teacher's KD term, with --teacher).
         recover_cfg = replace(cfg, max_steps=n_recover)
-        rec = train(model, tokenizer, feats, recover_cfg, hooks,
+        kd = {"feats": feats}
+        if teacher is not None:
+            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+        rec = train(model, tokenizer, kd.pop("feats"), recover_cfg, hooks,
                     log=lambda r: run.log_metrics({"phase": "recovery", **r}),
-                    checkpoint_dir=run.phase_checkpoint_dir("recovery"), resume=cfg.resume)
+                    checkpoint_dir=run.phase_checkpoint_dir("recovery"), resume=cfg.resume, **kd)
         masks = pruner.finalize() if pruner else None
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"phase": "recovery", "step": rec["steps"], "eval": metrics})
-        meta = {"task": spec.name, "label_names": list(labels), "multilabel": data["train"].multilabel,
+        distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
+                   if teacher is not None else None)
+        meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
                 "max_length": cfg.max_length, "base_model": cfg.model,
                 "pruning": pruning_meta(cfg, pruner, structured)}
         save_pruned(run, model, tokenizer, masks, meta, {
@@ -306,7 +412,7 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
             "dense_steps": dense["steps"], "recovery_steps": rec["steps"],
             "train_seconds": round(time.time() - t0, 1), "metric": spec.metric,
             "eval_dense": dense["eval"], "eval_pruned_before_recovery": before_recovery,
-            "eval": metrics, "structured": structured,
+            "eval": metrics, "structured": structured, "distillation": distill,
             "prune_history": pruner.history if pruner else None})
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
@@ -441,6 +547,9 @@ class _FinalizeAndWrite(TrainHook):
 
 def prune_finetune_workflow(cfg: PruneConfig, family: str) -> Path:
     """squad / reqa: the task's own fine-tuning workflow (``run_finetune``) with the pruning hook."""
+    if cfg.teacher:
+        raise UsageError(f"--teacher distils classification logits; '{cfg.task}' is a {family} task, "
+                         "which does not support it yet (drop --teacher)")
     if cfg.structured:
         raise UsageError(f"--structured supports classification tasks; '{cfg.task}' is a {family} task "
                          "(leave --structured unset)")

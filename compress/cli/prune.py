@@ -11,6 +11,8 @@ EXAMPLES = """examples:
   compress prune --sparsity 0.6 --scope global --schedule oneshot --stage after-finetune
   compress prune --stage pretrain --sparsity 0.4 --corpus ../shared/data/wikitext2 --max-steps 200
   compress prune --include pooler --exclude 'embeddings.*'   # globs, or re:REGEX
+  compress prune --sparsity 0.6 --stage after-finetune --teacher self   # distillation-aware pruning
+  compress prune --sparsity 0.8 --model minilm --teacher artifacts/finetune/RUN --task sst2 ...
   compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
@@ -39,6 +41,13 @@ HELPS = {
     "heldout_blocks": "pretrain: at most this many held-out blocks are scored",
     "no_dense_baseline": "pretrain: skip training the unpruned model for comparison",
     "structured": "remove whole units instead: heads,ffn (uses compress.pruning.structured)",
+    "teacher": "distil from this fine-tuned run/model folder while pruning and recovering (loss = task "
+               "+ lambda * T^2 * KL); 'self' = the dense model the run starts from (after-finetune: "
+               "the model its dense phase made)",
+    "kd_lambda": "weight of the KD term; unset = 4 single-label, 1 multi-label (as compress distill)",
+    "temperature": "softmax temperature T of the KD term",
+    "kd_hidden": "weight of an MSE between the last layer's hidden states of student and teacher; "
+                 "0 = off (the teacher then runs every step)",
     "resume": "continue an interrupted run in --out from its last checkpoint (same options; save "
               "checkpoints with --checkpoint-every N)",
 }

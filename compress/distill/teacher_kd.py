@@ -1,0 +1,143 @@
+"""Distillation from a dense teacher while another model trains (pruning and its recovery).
+
+The loss of each step is ``L_task + lambda * T^2 * KL(teacher || student)``
+(``compress.distill.losses.distillation_loss``: softmax KL for single-label tasks, per-label
+Bernoulli KL for multi-label ones), plus, when ``hidden_weight`` > 0, ``hidden_weight`` times the
+mean squared difference of the last layer's hidden states.
+
+The teacher's logits over the training set are computed once before training
+(``teacher_predict``) and travel with each example, so the teacher costs one forward pass over the
+data, not one per step; nothing of it is trained or pruned (``TeacherLogitsLoss`` never sees its
+parameters). Hidden-state distillation needs the teacher's activations of the same batch, so with
+``hidden_weight`` > 0 the teacher runs beside the student each step instead (in eval mode, without
+gradients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from compress.config import check_range
+from compress.distill.losses import distillation_loss
+from compress.errors import UsageError
+
+TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
+TEACHER_SELF = "self"  # --teacher self: the dense model the run starts from
+
+
+@dataclass(frozen=True)
+class TeacherKDOptions:
+    """``--teacher``: a fine-tuned run folder or model folder with the task's labels, or ``self``;
+    ``--kd-lambda`` (None: 4 single-label, 1 multi-label, as in ``compress distill``),
+    ``--temperature`` T, ``--kd-hidden`` the weight of the last-layer hidden-state MSE (0 = off)."""
+
+    teacher: str | None = None
+    kd_lambda: float | None = None
+    temperature: float = 1.0
+    kd_hidden: float = 0.0
+
+    def __post_init__(self):
+        if self.kd_lambda is not None:
+            check_range("kd_lambda", self.kd_lambda, 0)
+        check_range("temperature", self.temperature, 0, None, lo_open=True)
+        check_range("kd_hidden", self.kd_hidden, 0)
+        if self.teacher is None:
+            changed = [f"--{n.replace('_', '-')}" for n, default in
+                       (("kd_lambda", None), ("temperature", 1.0), ("kd_hidden", 0.0))
+                       if getattr(self, n) != default]
+            if changed:
+                raise UsageError(f"{', '.join(changed)} applies with --teacher only; add --teacher RUN "
+                                 "(or --teacher self) or drop it")
+
+    def lambda_for(self, multilabel: bool) -> float:
+        return self.kd_lambda if self.kd_lambda is not None else (1.0 if multilabel else 4.0)
+
+
+def check_teacher_fits(teacher_tokenizer, student_tokenizer, teacher_labels, student_labels,
+                       teacher_spec: str) -> None:
+    """A teacher must score the same labels from the same token ids as the student (its logits
+    are cached per example, so they are the student's targets position by position)."""
+    if tuple(teacher_labels) != tuple(student_labels):
+        raise UsageError(f"teacher '{teacher_spec}' predicts labels {list(teacher_labels)}, the task has "
+                         f"{list(student_labels)}; use a teacher fine-tuned on this task")
+    same = (teacher_tokenizer.get_vocab() == student_tokenizer.get_vocab()
+            and teacher_tokenizer.all_special_ids == student_tokenizer.all_special_ids)
+    if not same:
+        raise UsageError(f"teacher '{teacher_spec}' has another tokenizer than the pruned model "
+                         f"({len(teacher_tokenizer)} vs {len(student_tokenizer)} tokens); distil from a "
+                         "teacher fine-tuned from the same base model")
+
+
+def attach_teacher_logits(feats: list[dict], logits) -> list[dict]:
+    """Copies of the training examples, each carrying its teacher logits (a list of floats)."""
+    if len(logits) != len(feats):
+        raise ValueError(f"{len(logits)} teacher logits for {len(feats)} examples")
+    return [{**f, TEACHER_LOGITS: [float(x) for x in row]} for f, row in zip(feats, logits)]
+
+
+def teacher_logits_collate(base: Callable[[list[dict]], dict]) -> Callable[[list[dict]], dict]:
+    """``base`` (the tokenizer's padding collate) plus a ``teacher_logits`` tensor (batch, labels)."""
+
+    def collate(rows: list[dict]) -> dict:
+        batch = base([{k: v for k, v in r.items() if k != TEACHER_LOGITS} for r in rows])
+        if rows and TEACHER_LOGITS in rows[0]:
+            batch[TEACHER_LOGITS] = torch.tensor([r[TEACHER_LOGITS] for r in rows], dtype=torch.float32)
+        return batch
+
+    return collate
+
+
+class TeacherLogitsLoss:
+    """``loss_fn(model, batch) -> (loss, extra)`` for ``compress.training.train``.
+
+    ``batch`` holds the model's inputs, ``labels`` and ``teacher_logits``. With a ``teacher``
+    module (hidden-state distillation) the teacher runs on the batch instead and its logits are
+    used. ``extra`` (task and distill terms) is logged with the loss.
+    """
+
+    def __init__(self, multilabel: bool, kd_lambda: float, temperature: float,
+                 hidden_weight: float = 0.0, teacher: torch.nn.Module | None = None):
+        if hidden_weight > 0 and teacher is None:
+            raise ValueError("hidden-state distillation needs the teacher module")
+        self.multilabel, self.kd_lambda, self.temperature = multilabel, kd_lambda, temperature
+        self.hidden_weight, self.teacher = hidden_weight, teacher
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+
+    def __call__(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS)}
+        labels = batch["labels"]
+        hidden = self.hidden_weight > 0
+        out = model(**inputs, output_hidden_states=hidden) if hidden else model(**inputs)
+        teacher_logits = batch.get(TEACHER_LOGITS)
+        t_hidden = None
+        if self.teacher is not None:
+            self.teacher.to(out.logits.device)
+            with torch.no_grad():
+                t_out = self.teacher(**inputs, output_hidden_states=hidden)
+            teacher_logits, t_hidden = t_out.logits, (t_out.hidden_states[-1] if hidden else None)
+        parts = distillation_loss(out.logits, teacher_logits, labels,
+                                  torch.ones(labels.shape[0], dtype=torch.bool, device=labels.device),
+                                  self.multilabel, self.temperature, self.kd_lambda)
+        loss = parts["loss"]
+        extra = {"task_loss": float(parts["task"].detach()), "kd_loss": float(parts["distill"].detach())}
+        if hidden:
+            mse = F.mse_loss(out.hidden_states[-1], t_hidden)
+            loss = loss + self.hidden_weight * mse
+            extra["hidden_mse"] = float(mse.detach())
+        return loss, extra
+
+
+def agreement(student_logits, teacher_logits, multilabel: bool) -> float:
+    """Fraction of eval examples (single-label) or example-label pairs (multi-label) on which the
+    student's prediction equals the teacher's."""
+    import numpy as np
+
+    s, t = np.asarray(student_logits), np.asarray(teacher_logits)
+    if multilabel:
+        return float(((s > 0) == (t > 0)).mean())
+    return float((s.argmax(-1) == t.argmax(-1)).mean())
