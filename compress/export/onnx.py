@@ -316,10 +316,54 @@ def pin_attention_heads(path: str | Path) -> int:
     return pinned
 
 
+def order_residual_adds(path: str | Path) -> int:
+    """Put the attention output first in each residual ``Add`` before a LayerNormalization, in place;
+    returns how many were swapped (the sum is the same either way).
+
+    onnxruntime's attention fusion walks up from that Add to the first parent that is an Add and
+    expects the attention output projection (Add <- MatMul <- Reshape <- Transpose <- MatMul). ALBERT
+    adds ``residual + attention`` in that order, and in its first layer the residual is itself an
+    Add (the embedding projection's bias), so the walk takes the wrong branch and that layer stays
+    unfused. BERT-style layers add ``attention + residual`` and are left as they are.
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    producer = {out: node for node in model.graph.node for out in node.output}
+
+    def chain(name: str, ops: tuple[str, ...]) -> bool:
+        """``name`` comes from ops[0], whose first input (any input for Add) comes from ops[1]..."""
+        node = producer.get(name)
+        if node is None or node.op_type != ops[0]:
+            return False
+        if len(ops) == 1:
+            return True
+        inputs = node.input if node.op_type == "Add" else node.input[:1]
+        return any(chain(i, ops[1:]) for i in inputs)
+
+    attention_out = ("Add", "MatMul", "Reshape", "Transpose", "MatMul")
+    swapped = 0
+    for node in model.graph.node:
+        if node.op_type != "LayerNormalization":
+            continue
+        add = producer.get(node.input[0])
+        if add is None or add.op_type != "Add" or len(add.input) != 2:
+            continue
+        first, second = add.input
+        if chain(second, attention_out) and not chain(first, attention_out):
+            add.input[0], add.input[1] = second, first
+            swapped += 1
+    if swapped:
+        onnx.save(model, str(path))
+    return swapped
+
+
 def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_size: int = 0,
                   model_type: str = "bert", skip_layer_norm: bool = False) -> dict[str, int]:
     """onnxruntime's transformer optimizer; returns its fused-operator counts (Attention, ...).
 
+    The graph is prepared on a copy first: per-layer head counts pinned when ``num_heads`` is 0
+    (``pin_attention_heads``), residual Adds ordered for the matcher (``order_residual_adds``).
     The residual Add + LayerNormalization pairs stay unfused unless ``skip_layer_norm``: the CPU
     provider's SkipLayerNormalization kernel is about 3x slower than the pair (measured, see
     ``compress.export.ort.CPU_DISABLED_OPTIMIZERS``). The CUDA provider fuses them itself when the
@@ -336,23 +380,22 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
     levels = [lg.level for lg in quiet]
     for lg in quiet:
         lg.setLevel(logging.ERROR)
+    work = Path(dst).with_suffix(".prepared.onnx")
+    shutil.copyfile(src, work)
     if num_heads == 0:
-        work = Path(dst).with_suffix(".pinned.onnx")
-        shutil.copyfile(src, work)
         pin_attention_heads(work)
-        src = work
+    order_residual_adds(work)
     try:
         options = FusionOptions(model_type)
         options.enable_skip_layer_norm = skip_layer_norm
-        opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
+        opt = optimize_model(str(work), model_type=model_type, num_heads=num_heads,
                              hidden_size=hidden_size, opt_level=0, use_gpu=False,
                              optimization_options=options)
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
+        work.unlink()
     opt.save_model_to_file(str(dst))
-    if num_heads == 0:
-        Path(src).unlink()
     stats = opt.get_fused_operator_statistics()
     return {k: int(v) for k, v in stats.items() if v}
 

@@ -20,6 +20,7 @@ from compress.export.onnx import (
     load_torch_model,
     optimize_onnx,
     optimizer_model_type,
+    order_residual_adds,
     quantize_int8,
     run_export,
     wrap_module,
@@ -418,13 +419,13 @@ def test_role_tables_name_optimizer_types_onnxruntime_has():
 
 
 # (optimizer model type, the report's fusion line starts with); ALBERT runs its one shared layer
-# twice and onnxruntime 1.31 fuses the first execution only (parity holds either way).
+# twice, and both executions fuse once its residual Adds are ordered (order_residual_adds).
 EXPECTED_FUSION = {
     "bert": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
     "roberta": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
     "distilbert": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
     "electra": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
-    "albert": ("bert", "model type 'bert': Attention fused in 1 of 2 attention blocks"),
+    "albert": ("bert", "model type 'bert': Attention fused in 2 of 2 attention blocks"),
     "deberta-v2": (None, "none applies (deberta-v2: disentangled attention"),
     "modernbert": (None, "none applies (modernbert: fused QKV, rotary embeddings and a gated FFN"),
 }
@@ -446,3 +447,23 @@ def test_optimize_uses_the_role_tables_model_type_and_says_what_fused(arch, tiny
         assert report["parity_optimized"]["max_abs_diff"]["logits"] <= FP32_ATOL
         assert "Attention" in _op_types(out)
     assert OrtModel(out).input_names == EXPECTED_INPUTS[arch]
+
+
+def test_residual_adds_are_ordered_for_the_attention_matcher(tiny_encoder, tmp_path, monkeypatch):
+    """ALBERT adds residual + attention output (BERT the other way round); onnxruntime's matcher
+    then misses its first layer, whose residual is the embedding projection's Add. Swapping the
+    operands leaves the sum, and the parity, as they were."""
+    import compress.export.onnx as onnx_export
+
+    loaded = load_torch_model(str(tiny_encoder("albert")))
+    path = export_onnx(loaded, tmp_path / "albert.onnx")
+    with monkeypatch.context() as m:
+        m.setattr(onnx_export, "order_residual_adds", lambda p: 0)
+        unordered = optimize_onnx(path, tmp_path / "unordered.onnx", *attention_shape(loaded))
+    assert unordered["Attention"] == 1  # what onnxruntime fuses of the graph as exported
+    assert optimize_onnx(path, tmp_path / "ordered.onnx", *attention_shape(loaded))["Attention"] == 2
+    assert order_residual_adds(path) == 2  # both executions of the shared layer
+    assert order_residual_adds(path) == 0  # idempotent
+    assert check_parity(loaded, path)["max_abs_diff"]["logits"] <= FP32_ATOL
+    bert = load_torch_model(str(tiny_encoder("bert")))
+    assert order_residual_adds(export_onnx(bert, tmp_path / "bert.onnx")) == 0
