@@ -2,15 +2,17 @@
 
 Design: the vocabulary and idf weights come from scikit-learn's ``TfidfVectorizer`` fitted on the
 token-id sequences of the transfer set, augmented copies included (its analyzer maps a sequence to
-feature indices: WordPiece unigram ids ``0..V-1`` and, optionally, hashed bigrams
+feature indices: the teacher tokenizer's unigram ids ``0..V-1`` (WordPiece, BPE or SentencePiece)
+and, optionally, hashed bigrams
 ``V + (a * P + b) mod B``). The idf vector is stored as a
 buffer (zero for features never seen in training, which is what sklearn does with unknown terms), and
 the forward pass recomputes the vectorizer in the graph: raw counts by scatter-add of the ids masked
 by ``attention_mask`` -> times idf -> l2-normalised -> one linear layer. So the module has the same
 ``forward(input_ids, attention_mask)`` contract as the other students, can be distilled with the same
 loss, and exports to ONNX without scikit-learn at inference. The ids in ``special_ids`` are not
-features; ``compress distill`` passes [CLS], [SEP], [PAD] and [UNK] but not [MASK], so the masked
-copies of an augmented transfer set keep a token where the teacher saw one.
+features; ``compress distill`` passes the tokenizer's special ids ([CLS]/``<s>``, [SEP]/``</s>``,
+padding, unknown) but not its mask id, so the masked copies of an augmented transfer set keep a
+token where the teacher saw one.
 """
 
 from __future__ import annotations

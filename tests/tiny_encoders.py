@@ -49,8 +49,9 @@ def _bpe_tokenizer(cls_tok: str, sep_tok: str, pad_tok: str, unk_tok: str, mask_
 
 
 def _unigram_tokenizer(cls_tok: str, sep_tok: str, pad_tok: str, unk_tok: str, mask_tok: str,
-                       type_ids: bool):
-    """A SentencePiece-style Unigram tokenizer (ALBERT, DeBERTa-v3, XLM-R style)."""
+                       type_ids: bool, roberta_pairs: bool = False):
+    """A SentencePiece-style Unigram tokenizer (ALBERT, DeBERTa-v3, XLM-R style); XLM-R's
+    ``roberta_pairs`` are ``<s> A </s></s> B </s>``."""
     from tokenizers import SentencePieceUnigramTokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -59,8 +60,9 @@ def _unigram_tokenizer(cls_tok: str, sep_tok: str, pad_tok: str, unk_tok: str, m
     tok.train_from_iterator(TEXT, vocab_size=300, special_tokens=specials, unk_token=unk_tok)
     cls_id, sep_id = tok.token_to_id(cls_tok), tok.token_to_id(sep_tok)
     second = ":1" if type_ids else ""
+    middle = f"{sep_tok} {sep_tok}" if roberta_pairs else sep_tok
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls_tok} $A {sep_tok}", pair=f"{cls_tok} $A {sep_tok} $B{second} {sep_tok}{second}",
+        single=f"{cls_tok} $A {sep_tok}", pair=f"{cls_tok} $A {middle} $B{second} {sep_tok}{second}",
         special_tokens=[(cls_tok, cls_id), (sep_tok, sep_id)])
     # ALBERT's and DeBERTa-v3's tokenizers emit token_type_ids (XLM-R's do not)
     inputs = ["input_ids", "token_type_ids", "attention_mask"] if type_ids else ["input_ids",
@@ -102,7 +104,8 @@ def build(arch: str):
                                eos_token_id=tok.sep_token_id, **{**COMMON, "max_position_embeddings": 514},
                                **_special(tok))
     elif arch == "xlm-roberta":
-        tok = _unigram_tokenizer("<s>", "</s>", "<pad>", "<unk>", "<mask>", type_ids=False)
+        tok = _unigram_tokenizer("<s>", "</s>", "<pad>", "<unk>", "<mask>", type_ids=False,
+                                 roberta_pairs=True)
         tok.model_input_names = ["input_ids", "attention_mask"]
         cfg = tf.XLMRobertaConfig(num_hidden_layers=2, type_vocab_size=1, bos_token_id=tok.cls_token_id,
                                   eos_token_id=tok.sep_token_id,

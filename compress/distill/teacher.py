@@ -23,7 +23,7 @@ CACHE_DIR = "teacher_logits"
 # Besides the weights: the label names and every file a tokenizer is read from.
 FINGERPRINTED = ("compress.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                  "merges.txt", "special_tokens_map.json", "added_tokens.json", "spiece.model",
-                 "sentencepiece.bpe.model")
+                 "sentencepiece.bpe.model", "spm.model")
 
 
 def teacher_fingerprint(model_dir: str | Path) -> str:

@@ -121,7 +121,7 @@ def test_squad_windows_without_token_type_ids(tokenizers, arch):
         seq = enc.sequence_ids(k)
         assert f["context_mask"] == [int(s == 1) for s in seq]
         first_context = seq.index(1)
-        if arch == "roberta":  # <s> Q </s></s> C </s>
+        if arch in ("roberta", "xlm-roberta"):  # <s> Q </s></s> C </s>
             assert f["input_ids"][first_context - 2:first_context] == _ids(tok, ["</s>", "</s>"])
         if f["start_positions"]:
             offs = enc["offset_mapping"][k]
