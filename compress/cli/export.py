@@ -42,8 +42,6 @@ def run(args):
         lines.append(f"fused ops: {fused or 'none'}")
     if "fusion" in report:
         lines.append(f"fusion: {report['fusion']}")
-    if "warning" in report:
-        lines.append(f"warning: {report['warning']}")
     if "accuracy" in report:
         acc = report["accuracy"]
         scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in ("fp32", "int8") if k in acc)

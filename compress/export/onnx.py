@@ -427,8 +427,15 @@ def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
 
 
 def attention_executions(loaded: LoadedModel) -> int | None:
-    """How many attention blocks one forward pass runs (ALBERT runs its shared layer that often)."""
+    """How many attention blocks one forward pass runs (ALBERT runs its shared layer that often;
+    a structured-pruned layer left with no head has none)."""
+    from compress.architectures import find_layout
+
     cfg = getattr(loaded.model, "config", None)
+    heads = getattr(cfg, "layer_heads", None)
+    layout = find_layout(loaded.model)
+    if heads and not (layout and layout.shared_layers):  # ALBERT's list is per shared layer
+        return sum(1 for h in heads if h > 0)
     layers = getattr(cfg, "num_hidden_layers", None)
     return int(layers) if layers else None
 

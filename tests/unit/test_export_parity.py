@@ -13,6 +13,7 @@ from compress.export.onnx import (
     FP32_ATOL,
     INT8_ATOL,
     ExportConfig,
+    attention_executions,
     attention_shape,
     check_parity,
     export_onnx,
@@ -211,6 +212,8 @@ def test_structured_pruned_bert_exports_with_fusion(tmp_path):
     assert check_parity(loaded, path)["max_abs_diff"]["logits"] <= FP32_ATOL
     fused = optimize_onnx(path, tmp_path / "spo.onnx", *attention_shape(loaded))
     assert fused["Attention"] == 3
+    line = fusion_summary("bert", "", fused, attention_executions(loaded))
+    assert line.startswith("model type 'bert': Attention fused in 3 of 3 attention blocks")
     assert check_parity(loaded, tmp_path / "spo.onnx")["max_abs_diff"]["logits"] <= FP32_ATOL
 
 
