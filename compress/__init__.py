@@ -1,3 +1,62 @@
-"""compress: magnitude pruning, distillation, measurement and export for BERT-family encoders."""
+"""compress: magnitude pruning, distillation, measurement and export for BERT-family encoders.
+
+The public Python API (listed in ``__all__``; README "Python API") is imported lazily: ``import
+compress`` loads neither torch nor transformers until a name is used.
+
+- pruning: ``make_pruner``, ``prune_model``, ``prunable_targets``, ``save_pruned_model``,
+  ``verify_masks``, ``MagnitudePruner``, ``OneShotSchedule``, ``GradualSchedule``;
+- ``transformers.Trainer``: ``PruningCallback``, ``DistillationTrainer``;
+- distillation: ``kd_loss``;
+- measurement and export: ``measure_model``, ``export_onnx``, ``sparsity_report``,
+  ``format_sparsity_table``, ``write_model_card``;
+- errors: ``CompressError``, ``UsageError``, ``DataError``, ``ModelError``, ``IntegrityError``,
+  ``ParityError``, ``PrunerStateError``.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_PUBLIC: dict[str, str] = {
+    "make_pruner": "compress.api",
+    "prune_model": "compress.api",
+    "prunable_targets": "compress.api",
+    "save_pruned_model": "compress.api",
+    "verify_masks": "compress.api",
+    "kd_loss": "compress.api",
+    "measure_model": "compress.api",
+    "export_onnx": "compress.api",
+    "PruningCallback": "compress.integrations.hf_trainer",
+    "DistillationTrainer": "compress.integrations.hf_trainer",
+    "MagnitudePruner": "compress.pruning.pruner",
+    "PrunerStateError": "compress.pruning.pruner",
+    "OneShotSchedule": "compress.pruning.schedules",
+    "GradualSchedule": "compress.pruning.schedules",
+    "sparsity_report": "compress.measure.sparsity",
+    "format_sparsity_table": "compress.measure.sparsity",
+    "write_model_card": "compress.modelcard",
+    "CompressError": "compress.errors",
+    "UsageError": "compress.errors",
+    "DataError": "compress.errors",
+    "ModelError": "compress.errors",
+    "IntegrityError": "compress.errors",
+    "ParityError": "compress.errors",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> object:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compress' has no attribute '{name}'")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

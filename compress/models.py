@@ -159,8 +159,11 @@ def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
     """Hugging Face format (safetensors) plus the project's metadata. A structured-pruned model's
     ``save_pretrained`` also writes its loading code and ``auto_map``
     (``compress.pruning.modeling_pruned``), so the folder loads with ``trust_remote_code=True`` where
-    compress is not installed."""
+    compress is not installed. A ``README.md`` model card (``compress.modelcard``) describes the folder."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    from compress.modelcard import write_model_card
+
+    write_model_card(folder, model, meta=meta)  # README.md: metadata, sparsity, FLOPs, the command

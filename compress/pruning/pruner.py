@@ -26,6 +26,11 @@ class PrunerStateError(RuntimeError):
     """A pruner method was called out of order (a programming error, not a user error)."""
 
 
+# What to do instead, by the phase the pruner was in when a method was called out of order.
+_FIX = {"new": "call pruner.initialize() once before the first training step",
+        "final": "finalize() already fixed the masks; build a new pruner to prune again"}
+
+
 @torch.no_grad()
 def apply_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
                 pruned: dict[str, torch.Tensor] | None = None) -> None:
@@ -84,7 +89,8 @@ class MagnitudePruner:
     # lifecycle -------------------------------------------------------------------------------
     def initialize(self) -> None:
         if self.phase != "new":
-            raise PrunerStateError(f"initialize() called twice (pruner is {self.phase})")
+            raise PrunerStateError(f"initialize() called twice (pruner is {self.phase}); call it once, "
+                                   "before the first training step")
         self.masks = {n: torch.ones_like(p, dtype=torch.bool) for n, p in self.params.items()}
         for n, m in self.initial_masks.items():
             if n in self.masks:
@@ -103,27 +109,46 @@ class MagnitudePruner:
     def step(self, step: int) -> None:
         """Call after optimizer step ``step`` (1-based): prune if scheduled, then re-apply masks."""
         if self.phase != "active":
-            raise PrunerStateError(f"step() needs an initialized, unfinished pruner (it is {self.phase})")
+            raise PrunerStateError(f"step() needs an initialized, unfinished pruner (it is {self.phase}); "
+                                   + _FIX[self.phase])
         if self.schedule.is_prune_step(step) and (self.last_pruned_step is None
                                                   or step > self.last_pruned_step):
             self._prune(step)
         self.apply_masks()
 
+    def register_grad_masks(self) -> list:
+        """Zero the gradients of pruned weights during ``backward`` (a tensor hook per target that
+        reads the current masks), so that they neither count in a gradient clipping done after
+        ``backward`` nor feed the optimizer's moments: for loops such as ``transformers.Trainer``
+        that call nothing between ``backward`` and clipping. Returns the hook handles
+        (``handle.remove()`` takes one off)."""
+        handles = []
+        for name, p in self.params.items():
+            if p.requires_grad:
+                handles.append(p.register_hook(lambda g, n=name: self._masked_grad(n, g)))
+        return handles
+
+    def _masked_grad(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        if name not in self._pruned:  # not initialized yet: nothing is pruned
+            return grad
+        return grad.masked_fill(_on_device(self._pruned, name, grad.device), 0.0)
+
     def mask_grads(self) -> None:
         if self.phase == "new":
-            raise PrunerStateError("mask_grads() before initialize()")
+            raise PrunerStateError("mask_grads() before initialize(); " + _FIX["new"])
         mask_grads(self.params, self._pruned)
 
     def apply_masks(self) -> None:
         if self.phase == "new":
-            raise PrunerStateError("apply_masks() before initialize()")
+            raise PrunerStateError("apply_masks() before initialize(); " + _FIX["new"])
         apply_masks(self.params, self.masks, self._pruned)
 
     def finalize(self) -> dict[str, torch.Tensor]:
         """Fix the masks. If training ended before the schedule did, prune to the final sparsity
         now (recorded in ``history`` as ``at_finalize``), so the output has the requested sparsity."""
         if self.phase != "active":
-            raise PrunerStateError(f"finalize() needs an initialized, unfinished pruner (it is {self.phase})")
+            raise PrunerStateError(f"finalize() needs an initialized, unfinished pruner (it is "
+                                   f"{self.phase}); " + _FIX[self.phase])
         if self.last_pruned_step is None or self.last_pruned_step < self.schedule.end_step:
             self._prune(self.schedule.end_step, at_finalize=True)
         self.apply_masks()

@@ -1,0 +1,324 @@
+"""The Python API: prune, distil, measure and export inside your own training code.
+
+Each function is a thin layer over the building blocks the ``compress`` commands use
+(``compress.pruning``, ``compress.distill.losses``, ``compress.measure``, ``compress.export``);
+``compress/__init__.py`` re-exports the public names lazily, so ``import compress`` stays cheap.
+
+A pruning loop of your own, in four calls::
+
+    pruner = compress.make_pruner(model, sparsity=0.6, total_steps=1000)
+    pruner.initialize()
+    for step, batch in enumerate(loader, 1):
+        loss = model(**batch).loss
+        loss.backward()
+        pruner.mask_grads()            # pruned weights get no gradient (before clipping)
+        optimizer.step(); optimizer.zero_grad()
+        pruner.step(step)              # prune on the schedule, re-apply the masks
+    masks = pruner.finalize()
+    compress.save_pruned_model(model, tokenizer, "out/", masks)   # `compress verify out/` checks it
+
+With ``transformers.Trainer`` use ``compress.PruningCallback`` and ``compress.DistillationTrainer``
+(``compress.integrations.hf_trainer``) instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from compress.pruning.pruner import MagnitudePruner
+
+KD_LOSS_KINDS = ("kl", "mse")
+
+
+# ----------------------------------------------------------------------------- pruning
+
+
+def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
+                     exclude: Sequence[str] = ()) -> dict[str, torch.nn.Parameter]:
+    """The parameters ``make_pruner`` would prune, by canonical name (``encoder.layer.0...``).
+
+    Default: every role matrix of the architecture's role table (Q, K, V or fused QKV, attention
+    output, FFN in and out of every layer) and the word embeddings. ``include``/``exclude`` take the
+    ``--include``/``--exclude`` patterns (glob, ``re:REGEX``, ``role:NAME``). A model outside the
+    role table with no ``include`` raises UsageError naming the supported architectures and the fix.
+    """
+    from compress.architectures import SUPPORTED, find_layout
+    from compress.errors import UsageError
+    from compress.pruning.targets import select_targets
+
+    if find_layout(model) is None and not include:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        what = f"architecture '{model_type}'" if model_type else f"a {type(model).__name__} (no config)"
+        raise UsageError(f"{what} has no prunable matrices that compress knows of (role tables: "
+                         f"{', '.join(SUPPORTED)}); pass include=('re:<regex>',) naming its weight "
+                         "matrices, e.g. include=(r're:\\.weight$',)")
+    return select_targets(model, tuple(include), tuple(exclude))
+
+
+def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gradual",
+                total_steps: int | None = None, prune_steps: int | None = None,
+                prune_every: int | None = None, start_step: int = 0, initial_sparsity: float = 0.0,
+                power: float = 3.0, criterion: str = "magnitude", scope: str = "local",
+                include: Sequence[str] = (), exclude: Sequence[str] = (), seed: int = 0,
+                initial_masks: dict[str, torch.Tensor] | None = None) -> MagnitudePruner:
+    """A ``MagnitudePruner`` for ``model`` (not yet initialized): the pruner ``compress prune`` uses.
+
+    ``schedule``: "gradual" (Zhu & Gupta cubic ramp from ``initial_sparsity`` at ``start_step`` to
+    ``sparsity`` over ``prune_steps``, masks recomputed every ``prune_every`` steps; defaults: the
+    first half of ``total_steps``, ten increments) or "oneshot" (all at ``start_step``).
+    ``criterion``: "magnitude" or "random"; ``scope``: "local" (one threshold per matrix) or
+    "global". ``initial_masks`` (True = kept) stay pruned: re-pruning a pruned model.
+
+    Lifecycle: ``initialize()`` before the first step, ``mask_grads()`` after each backward (or
+    ``register_grad_masks()`` once), ``step(t)`` after optimizer step t (1-based), ``finalize()`` at
+    the end -> masks. Out of order raises ``PrunerStateError`` naming the call to make.
+    """
+    from compress.errors import UsageError
+    from compress.pruning.pruner import MagnitudePruner
+    from compress.pruning.schedules import SCHEDULES, make_schedule
+
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule '{schedule}'; choose one of: {', '.join(SCHEDULES)}")
+    if schedule == "gradual" and total_steps is None and prune_steps is None:
+        raise UsageError("a gradual schedule needs total_steps= (the optimizer steps of your loop) or "
+                         "prune_steps= (the steps to ramp over); or pass schedule='oneshot'")
+    targets = prunable_targets(model, include, exclude)
+    sched = make_schedule(schedule, sparsity, total_steps or 0, prune_steps, prune_every, start_step,
+                          initial_sparsity, power)
+    return MagnitudePruner(targets, sched, criterion, scope, seed, initial_masks)
+
+
+def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "magnitude",
+                scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
+                seed: int = 0) -> dict[str, torch.Tensor]:
+    """Prune ``model`` in place, one-shot, to ``sparsity``; returns the masks (canonical name ->
+    bool tensor on the CPU, True = kept). Keep them enforced in later training with
+    ``make_pruner(..., initial_masks=masks)`` or save them with ``save_pruned_model``."""
+    pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
+                         include=include, exclude=exclude, seed=seed)
+    pruner.initialize()
+    return pruner.finalize()
+
+
+def model_meta(model: torch.nn.Module, base_model: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The ``compress.json`` metadata of a Hugging Face model saved outside a ``compress`` command:
+    a sequence classifier's label names (so ``compress verify``, ``measure`` and ``export`` load it
+    with its head) and the base model it started from."""
+    config = getattr(model, "config", None)
+    meta: dict[str, Any] = {}
+    if type(model).__name__.endswith("ForSequenceClassification") and config is not None:
+        id2label = getattr(config, "id2label", None) or {}
+        meta["label_names"] = [str(id2label.get(i, id2label.get(str(i), i)))
+                               for i in range(config.num_labels)]
+        meta["multilabel"] = getattr(config, "problem_type", None) == "multi_label_classification"
+    base = base_model or getattr(config, "_name_or_path", None)
+    if base:
+        meta["base_model"] = str(base)
+    return {**meta, **extra}
+
+
+def save_pruned_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike,
+                      masks: dict[str, torch.Tensor] | None, meta: dict[str, Any] | None = None,
+                      metrics: dict[str, float] | None = None) -> dict[str, Any]:
+    """Save ``model`` (Hugging Face format, zeros stored), its tokenizer, ``masks.safetensors``,
+    ``sparsity.json``, ``compress.json`` and a ``README.md`` model card into ``folder``, then reload
+    the model with plain ``from_pretrained`` and check every mask on it (IntegrityError if a pruned
+    weight is non-zero). ``compress verify``, ``measure`` and ``export`` read the folder. Returns the
+    sparsity report. ``metrics`` (e.g. ``{"accuracy": 0.91}``) go into the card."""
+    from compress.models import save_model
+
+    folder = Path(folder)
+    meta = {**model_meta(model), **(meta or {})}
+    if masks:
+        meta.setdefault("pruning", {}).update({"masks_file": "masks.safetensors", "targets": sorted(masks)})
+    save_model(model, tokenizer, folder, meta)  # writes the card too, from the live model
+    report = write_pruning_files(folder, model, masks, reload_check=True)
+    if metrics:
+        from compress.modelcard import write_model_card
+
+        write_model_card(folder, model, metrics=metrics)
+    return report
+
+
+def write_pruning_files(folder: str | os.PathLike, model: torch.nn.Module,
+                        masks: dict[str, torch.Tensor] | None, reload_check: bool = True) -> dict[str, Any]:
+    """``masks.safetensors`` and ``sparsity.json`` beside a saved model in ``folder``; the masks are
+    checked on ``model`` and, with ``reload_check`` and a ``config.json`` in ``folder``, on the model
+    reloaded from disk. Returns the sparsity report."""
+    from compress.measure.sparsity import sparsity_report
+    from compress.pruning.integrity import MASKS_FILE, check_masks, load_saved_model, save_masks
+    from compress.runs import write_json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if masks:
+        check_masks(model, masks)
+        save_masks(masks, folder / MASKS_FILE)
+        if reload_check and (folder / "config.json").is_file():
+            check_masks(load_saved_model(folder), masks)
+    report = sparsity_report(model, masks or None)
+    write_json(folder / "sparsity.json", report)
+    return report
+
+
+def verify_masks(folder: str | os.PathLike) -> dict[str, Any]:
+    """``compress verify``: reload the model saved in ``folder`` (or ``folder/model``) from disk and
+    check that every weight its ``masks.safetensors`` prunes is exactly zero. Returns counts
+    (tensors, pruned, total, sparsity); raises IntegrityError naming the regrown tensors."""
+    from compress.pruning.integrity import verify_run
+
+    return verify_run(folder)
+
+
+# ----------------------------------------------------------------------------- distillation
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+            labels: torch.Tensor | None = None, *, temperature: float = 2.0,
+            kd_lambda: float | None = None, kind: str = "kl", multilabel: bool = False,
+            label_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Knowledge-distillation loss of any student against any teacher's logits (both
+    ``[batch, labels]``): ``{"loss", "task", "distill"}`` with loss = task + kd_lambda * distill.
+
+    distill: T^2 * KL(softmax(t/T) || softmax(s/T)) (single-label), the per-label Bernoulli KL
+    (``multilabel``), or the squared logit difference (``kind="mse"``). task: cross-entropy with
+    ``labels`` (int ``[batch]``; multi-hot ``[batch, labels]`` for multi-label), over the rows whose
+    ``label_mask`` is true; 0 without labels. ``kd_lambda`` defaults to 4 (single-label) and 1
+    (multi-label) as ``compress distill``. The teacher's logits carry no gradient.
+    """
+    import torch
+
+    from compress.config import check_range
+    from compress.distill.losses import distillation_loss
+    from compress.errors import UsageError
+
+    if kind not in KD_LOSS_KINDS:
+        raise UsageError(f"unknown KD loss kind '{kind}'; choose one of: {', '.join(KD_LOSS_KINDS)}")
+    check_range("temperature", temperature, 0, None, lo_open=True)
+    if student_logits.dim() != 2 or teacher_logits.dim() != 2:
+        raise UsageError(f"kd_loss takes [batch, labels] logits; got student {tuple(student_logits.shape)}, "
+                         f"teacher {tuple(teacher_logits.shape)} (pass outputs.logits)")
+    (bs, ns), (bt, nt) = student_logits.shape, teacher_logits.shape
+    if ns != nt:
+        raise UsageError(f"the student predicts {ns} labels and the teacher {nt}; build the student with "
+                         f"the teacher's label set (num_labels={nt}, the same id2label order)")
+    if bs != bt:
+        raise UsageError(f"the student's batch has {bs} rows and the teacher's {bt}; run both on the "
+                         "same batch")
+    if kd_lambda is None:
+        kd_lambda = 1.0 if multilabel else 4.0
+    check_range("kd_lambda", kd_lambda, 0)
+    if labels is None:
+        labels = torch.zeros(bs, dtype=torch.long, device=student_logits.device)
+        label_mask = torch.zeros(bs, dtype=torch.bool, device=student_logits.device)
+    elif label_mask is None:
+        label_mask = torch.ones(bs, dtype=torch.bool, device=student_logits.device)
+    teacher = teacher_logits.detach().to(student_logits.device, student_logits.dtype)
+    return distillation_loss(student_logits, teacher, labels, label_mask, multilabel, temperature,
+                             kd_lambda, kind)
+
+
+# ----------------------------------------------------------------------------- measure and export
+
+
+def _loaded(model: Any):
+    """A ``LoadedModel`` of an in-memory module: a Hugging Face encoder with the inputs
+    ``compress export`` declares for it, else the student contract (input_ids, attention_mask)."""
+    from compress.export.onnx import STUDENT_INPUTS, LoadedModel, declared_inputs
+
+    if getattr(model, "config", None) is not None and hasattr(model, "base_model"):
+        return LoadedModel(model, declared_inputs(model), "bert")
+    return LoadedModel(model, STUDENT_INPUTS, "module")
+
+
+def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128) -> dict[str, Any]:
+    """``compress measure`` of a model: parameters, FLOPs per example at ``seq_len`` (dense and
+    sparsity-aware; 1 MAC = 2 FLOPs), the sparsity report and the "will it be faster?" verdict.
+
+    ``model`` is a module in memory (a Hugging Face encoder or classifier, or any module with the
+    ``forward(input_ids, attention_mask=None)`` contract) or what ``compress measure`` takes (a model
+    or run folder, 'minilm', an .onnx file). The model's train/eval mode is left as it was.
+    """
+    from compress.measure.workflow import MeasureConfig, run_measure
+
+    if isinstance(model, (str, os.PathLike)):
+        return run_measure(MeasureConfig(model=str(model), seq_len=seq_len))
+    import torch
+
+    from compress.config import check_range
+    from compress.export.onnx import example_inputs
+    from compress.measure.flops import count_flops
+    from compress.measure.params import count_params
+    from compress.measure.report import speed_verdict
+
+    check_range("seq_len", seq_len, 1, 4096)
+    loaded = _loaded(model)
+    was_training = model.training
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    try:
+        inputs = {k: v.to(device) for k, v in example_inputs(loaded, 1, seq_len).items()}
+        params = count_params(model)
+        flops = count_flops(model, inputs)
+    finally:
+        model.train(was_training)
+    result: dict[str, Any] = {"model": type(model).__name__, "kind": loaded.kind, "seq_len": seq_len,
+                              "params": params, "flops": flops}
+    config = getattr(model, "config", None)
+    structured = getattr(config, "layer_heads", None) is not None
+    if loaded.kind == "bert":
+        from compress.architectures import find_layout
+        from compress.measure.sparsity import format_sparsity_table, sparsity_report
+
+        if find_layout(model) is not None:
+            report = sparsity_report(model)
+            result["sparsity"] = report
+            result["sparsity_table"] = format_sparsity_table(report)
+    result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],
+                                      structured=structured, distilled=False)
+    return result
+
+
+def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float = 1e-4,
+                shapes: Sequence[tuple[int, int]] = ((1, 8), (2, 16), (3, 37)), opset: int = 17,
+                provider: str = "cpu") -> dict[str, Any]:
+    """Export ``model`` to ONNX at ``path`` (dynamic batch and sequence axes, output ``logits``) and
+    check parity with PyTorch on every (batch, length) of ``shapes``, with padding; ParityError
+    names each output, its max difference and the shapes where it exceeded ``atol``. The file is
+    written beside ``path`` under a temporary name and moved there only when parity holds, never
+    over an existing file. Returns ``{"file", "inputs", "parity"}``.
+
+    Eager attention exports the graph onnxruntime fuses; a model loaded with SDPA exports too.
+    For ``--optimize``/``--quantize int8`` export a saved folder with ``compress export``.
+    """
+    from compress.errors import UsageError
+    from compress.export.onnx import check_parity
+    from compress.export.onnx import export_onnx as export_loaded
+    from compress.export.ort import resolve_provider
+
+    dst = Path(path)
+    if dst.suffix != ".onnx":
+        raise UsageError(f"{dst}: the output file name must end in .onnx")
+    if dst.exists():
+        raise UsageError(f"{dst} already exists; exports are never overwritten (choose another path)")
+    if not dst.parent.is_dir():
+        raise UsageError(f"folder {dst.parent} does not exist (create it or change the path)")
+    loaded = _loaded(model)
+    was_training = model.training
+    model.eval()
+    tmp = dst.parent / f".tmp-{dst.name}"
+    try:
+        export_loaded(loaded, tmp, opset)
+        parity = check_parity(loaded, tmp, tuple(tuple(s) for s in shapes), atol,
+                              resolve_provider(provider), "fp32")
+        shutil.move(str(tmp), dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+        model.train(was_training)
+    return {"file": str(dst), "inputs": list(loaded.input_names), "parity": parity}

@@ -1,0 +1,1 @@
+"""Integrations with other training libraries (``hf_trainer``: ``transformers.Trainer``)."""

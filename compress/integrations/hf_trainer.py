@@ -1,0 +1,217 @@
+"""``transformers.Trainer`` integration: a pruning callback and a distillation trainer.
+
+``PruningCallback`` runs the same ``MagnitudePruner`` as ``compress prune`` inside your own
+``Trainer``: it builds the schedule from the Trainer's step count at ``on_train_begin``, zeroes the
+gradients of pruned weights during ``backward`` (so they count in neither the clipped norm nor
+AdamW's moments), re-applies the masks after every optimizer step (weight decay would move them),
+adds ``sparsity`` to the logs, and writes ``masks.safetensors``, ``sparsity.json``,
+``compress.json`` and a ``README.md`` model card into every checkpoint and, at the end of
+training, into ``output_dir`` (``trainer.save_model()`` then writes the weights beside them), so
+``compress verify``, ``measure`` and ``export`` read those folders.
+
+``DistillationTrainer`` replaces the loss only: task loss + lambda * KD loss against a teacher run
+on the same batch (``compress.api.kd_loss``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+
+class PruningCallback(TrainerCallback):
+    """Prune on the gradual (or one-shot) schedule inside a ``transformers.Trainer``.
+
+    ``sparsity``: the final fraction of zeros in the pruned matrices. The schedule options are those
+    of ``compress.make_pruner`` (``prune_steps`` defaults to the first half of training, in ten
+    increments). ``model``: the model the Trainer trains; when given, its prunable matrices are
+    checked here, else at ``on_train_begin``. ``base_model`` is recorded in the card.
+
+    After training, ``callback.masks`` holds the final masks and ``callback.pruner`` the pruner.
+    A resumed run (``trainer.train(resume_from_checkpoint=...)``) keeps the zeros of the loaded
+    weights as initial masks, and the schedule goes on from the restored step.
+    """
+
+    def __init__(self, sparsity: float, *, model: torch.nn.Module | None = None, schedule: str = "gradual",
+                 prune_steps: int | None = None, prune_every: int | None = None, start_step: int = 0,
+                 initial_sparsity: float = 0.0, power: float = 3.0, criterion: str = "magnitude",
+                 scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
+                 seed: int = 0, base_model: str | None = None):
+        from compress.config import check_range
+
+        check_range("sparsity", sparsity, 0, 1, hi_open=True)
+        self.sparsity = sparsity
+        self.options = dict(schedule=schedule, prune_steps=prune_steps, prune_every=prune_every,
+                            start_step=start_step, initial_sparsity=initial_sparsity, power=power,
+                            criterion=criterion, scope=scope, include=tuple(include),
+                            exclude=tuple(exclude), seed=seed)
+        self.base_model = base_model
+        self.model = model
+        self.pruner = None
+        self.masks: dict[str, torch.Tensor] | None = None
+        self._handles: list = []
+        if model is not None:
+            from compress.api import prunable_targets
+
+            prunable_targets(model, include, exclude)  # a model with nothing to prune fails here
+
+    # ------------------------------------------------------------------------------ events
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from compress.api import make_pruner, prunable_targets
+
+        model = self.model if self.model is not None else model
+        if model is None:
+            from compress.errors import UsageError
+
+            raise UsageError("PruningCallback got no model; pass PruningCallback(..., model=model)")
+        self.model = model
+        initial = None
+        if state.global_step > 0:  # resumed: the checkpoint's zeros stay pruned
+            initial = {n: p.detach() != 0 for n, p in
+                       prunable_targets(model, self.options["include"], self.options["exclude"]).items()}
+        self.pruner = make_pruner(model, self.sparsity, total_steps=state.max_steps,
+                                  initial_masks=initial, **self.options)
+        self.pruner.initialize()
+        self._handles = self.pruner.register_grad_masks()
+        if state.global_step > 0:
+            self.pruner.step(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.pruner.step(state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        s = self.current_sparsity()
+        if logs is not None and s is not None:
+            logs["sparsity"] = s
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1]["sparsity"] = s
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir() and args.process_index == 0:
+            self.save(folder, state=state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.masks = self.pruner.finalize()
+        if args.process_index == 0:  # the weights come with trainer.save_model(), after this
+            self.save(Path(args.output_dir), state=state, reload_check=False)
+
+    # ------------------------------------------------------------------------------ outputs
+    def current_sparsity(self) -> float | None:
+        """The fraction of pruned entries over all pruned matrices after the last pruning step."""
+        if self.pruner is None or not self.pruner.history:
+            return None
+        return float(self.pruner.history[-1]["sparsity"])
+
+    def meta(self) -> dict[str, Any]:
+        """``compress.json`` of a saved folder: labels, base model and the pruning record."""
+        from compress.api import model_meta
+        from compress.pruning.integrity import MASKS_FILE
+
+        sch = self.pruner.schedule
+        opts = self.options
+        pruning = {"stage": "finetune", "sparsity": self.sparsity, "criterion": opts["criterion"],
+                   "scope": opts["scope"], "schedule": opts["schedule"], "seed": opts["seed"],
+                   "masks_file": MASKS_FILE, "targets": list(self.pruner.params),
+                   "schedule_params": {k: getattr(sch, k) for k in sch.__dataclass_fields__},
+                   "history": self.pruner.history, "writer": "compress.PruningCallback"}
+        return model_meta(self.model, self.base_model, pruning=pruning)
+
+    def save(self, folder: str | Path, state=None, metrics: dict[str, float] | None = None,
+             reload_check: bool = True) -> dict:
+        """Write masks, ``sparsity.json``, ``compress.json`` and the model card into ``folder`` (a
+        saved model folder, or the one ``trainer.save_model`` will fill); returns the sparsity report.
+        The masks are checked on the live model and, with ``reload_check`` where ``folder`` holds a
+        saved model, on that model reloaded from disk. ``metrics`` default to the last evaluation in
+        the Trainer's log history (``state``)."""
+        from compress.api import write_pruning_files
+        from compress.modelcard import write_model_card
+
+        if self.pruner is None:
+            from compress.errors import UsageError
+
+            raise UsageError("PruningCallback.save() before training: call trainer.train() first")
+        folder = Path(folder)
+        masks = {n: m.detach().cpu() for n, m in self.pruner.masks.items()}
+        report = write_pruning_files(folder, self.model, masks, reload_check=reload_check)
+        meta = self.meta()
+        meta_file = folder / "compress.json"
+        old = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+        meta = {**old, **meta}
+        meta_file.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        if metrics is None and state is not None:
+            metrics = last_eval_metrics(state.log_history)
+        write_model_card(folder, self.model, meta=meta, metrics=metrics, sparsity=report,
+                         config=_training_config(state, self))
+        return report
+
+
+def last_eval_metrics(log_history: list[dict]) -> dict[str, float] | None:
+    """The last ``eval_*`` record of a Trainer's log history, without the ``eval_`` prefix."""
+    for rec in reversed(log_history or []):
+        if any(k.startswith("eval_") for k in rec):
+            return {k[len("eval_"):]: v for k, v in rec.items() if k.startswith("eval_")}
+    return None
+
+
+def _training_config(state, callback: PruningCallback) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"sparsity": callback.sparsity, **{k: list(v) if isinstance(v, tuple) else v
+                                                              for k, v in callback.options.items()}}
+    if state is not None:
+        cfg.update({"max_steps": state.max_steps, "global_step": state.global_step,
+                    "train_batch_size": state.train_batch_size})
+    return cfg
+
+
+class DistillationTrainer(Trainer):
+    """A ``Trainer`` whose loss is ``task + kd_lambda * KD(teacher || student)``
+    (``compress.api.kd_loss``); everything else is the ``Trainer``'s.
+
+    The teacher (any model returning ``logits`` of the student's label count; checked here) runs in
+    eval mode without gradients on the same batch, which means the same tokenizer; it is moved to
+    the student's device. ``kd_lambda`` defaults to 4 (single-label) and 1 (multi-label, read from
+    the student's ``config.problem_type``). ``temperature`` scales both logits (the KL is multiplied
+    by T^2). ``kind="mse"`` matches raw logits instead (Tang et al. 2019).
+    """
+
+    def __init__(self, *args, teacher: torch.nn.Module, temperature: float = 2.0,
+                 kd_lambda: float | None = None, kind: str = "kl", **kwargs):
+        super().__init__(*args, **kwargs)
+        from compress.errors import UsageError
+
+        t_labels = getattr(getattr(teacher, "config", None), "num_labels", None)
+        s_labels = getattr(getattr(self.model, "config", None), "num_labels", None)
+        if t_labels is not None and s_labels is not None and t_labels != s_labels:
+            raise UsageError(f"the student predicts {s_labels} labels and the teacher {t_labels}; build "
+                             f"the student with the teacher's label set (num_labels={t_labels}, the same "
+                             "id2label)")
+        self.teacher = teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.temperature, self.kd_lambda, self.kind = temperature, kd_lambda, kind
+        self._teacher_inputs = set(inspect.signature(teacher.forward).parameters)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        from compress.api import kd_loss
+
+        labels = inputs.get("labels")
+        outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+        device = outputs.logits.device
+        if next(self.teacher.parameters()).device != device:
+            self.teacher.to(device)
+        with torch.no_grad():
+            t_out = self.teacher(**{k: v for k, v in inputs.items()
+                                    if k != "labels" and k in self._teacher_inputs})
+        multilabel = getattr(model.config, "problem_type", None) == "multi_label_classification"
+        parts = kd_loss(outputs.logits, t_out.logits, labels, temperature=self.temperature,
+                        kd_lambda=self.kd_lambda, kind=self.kind, multilabel=multilabel)
+        return (parts["loss"], outputs) if return_outputs else parts["loss"]

@@ -1,0 +1,277 @@
+"""``README.md`` model cards in the Hugging Face format for every saved model folder.
+
+A card is YAML metadata between ``---`` lines (``base_model``, ``library_name``, ``tags`` such as
+``pruned``/``distilled``, ``pipeline_tag``, and a ``model-index`` with the task's metrics) followed
+by Markdown: results, the sparsity table, FLOPs per example, the command that made the model and
+its resolved config. ``compress.models.save_model`` writes it, so a folder pushed to a hub explains
+itself.
+
+What the card says comes from the model in memory (sparsity, FLOPs) and from the folder's
+``compress.json``; inside a run folder (``RUN/model``) also from the run's ``config.yaml`` and the
+last evaluation in ``metrics.jsonl``, which every command logs before it saves the model. Explicit
+arguments win over both.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+CARD_FILE = "README.md"
+# names ``--model`` accepts for packaged models -> their hub id (a card's base_model is a hub id)
+PACKAGED_HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+# task family -> Hugging Face pipeline / model-index task type
+FAMILY_TASKS = {"classification": ("text-classification", "Text Classification"),
+                "multilabel": ("text-classification", "Text Classification"),
+                "qa": ("question-answering", "Question Answering"),
+                "retrieval": ("sentence-similarity", "Sentence Similarity")}
+# metric names of compress -> Hugging Face metric types
+METRIC_TYPES = {"accuracy": "accuracy", "mcc": "matthews_correlation", "f1": "f1", "micro_f1": "f1",
+                "exact_match": "exact_match", "em": "exact_match", "mrr": "mrr"}
+NOT_METRICS = ("n", "score", "loss", "seconds")
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running: ``compress prune ...`` for the CLI, else ``python script ...``."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return ""
+    first = Path(argv[0])
+    if first.name == "compress" or (first.name == "__main__.py" and first.parent.name == "compress"):
+        return shlex.join(["compress", *argv[1:]])
+    return shlex.join(["python", *argv]) if first.suffix == ".py" else shlex.join(argv)
+
+
+def hub_base_model(spec: str | None, depth: int = 5) -> str | None:
+    """The hub id a model started from: a packaged name maps to its hub id; a local folder made by
+    compress is followed through its ``compress.json`` ``base_model``; anything else is returned as
+    given (a hub id, or a local path that records no origin)."""
+    if not spec:
+        return None
+    spec = str(spec)
+    if spec in PACKAGED_HUB_IDS:
+        return PACKAGED_HUB_IDS[spec]
+    folder = Path(spec).expanduser()
+    for cand in (folder / "model", folder):
+        meta_file = cand / "compress.json"
+        if depth > 0 and meta_file.is_file():
+            parent = json.loads(meta_file.read_text(encoding="utf-8")).get("base_model")
+            if parent and parent != spec:
+                return hub_base_model(parent, depth - 1)
+    return spec
+
+
+def _run_folder(folder: Path) -> Path | None:
+    """The run folder holding ``folder`` as its ``model/`` (config.yaml beside it), else None."""
+    if folder.name == "model" and (folder.parent / "config.yaml").is_file():
+        return folder.parent
+    return None
+
+
+def _last_eval(run: Path) -> dict[str, Any] | None:
+    """The last record of ``metrics.jsonl`` with an ``eval`` dict (what the saved model scored)."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    last = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("eval"), dict):
+            last = rec["eval"]
+    return last
+
+
+def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        name = k[len("eval_"):] if k.startswith("eval_") else k
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and name not in NOT_METRICS \
+                and not name.endswith(("_runtime", "_per_second")) and name != "epoch":
+            out[name] = float(v)
+    return out
+
+
+def _flops(model, seq_len: int) -> tuple[dict[str, Any] | None, str | None]:
+    """FLOPs per example at ``seq_len``, or (None, why not): the card is written even when the
+    model cannot be traced, and then says so."""
+    try:
+        from compress.api import measure_model
+
+        return measure_model(model, seq_len)["flops"], None
+    except Exception as exc:  # noqa: BLE001 - a card states what it could not count
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def _sparsity(folder: Path, run: Path | None, model, given: dict | None) -> dict | None:
+    if given is not None:
+        return given
+    for cand in (folder / "sparsity.json", *((run / "sparsity.json",) if run else ())):
+        if cand.is_file():
+            return json.loads(cand.read_text(encoding="utf-8"))
+    if model is not None:
+        from compress.architectures import find_layout
+
+        if find_layout(model) is not None:
+            from compress.measure.sparsity import sparsity_report
+
+            return sparsity_report(model)
+    return None
+
+
+def card_metadata(meta: dict[str, Any], metrics: dict[str, float], name: str, *, pruned: bool,
+                  model_type: str | None) -> dict[str, Any]:
+    """The YAML header of a card (a dict; ``render_model_card`` dumps it)."""
+    task = meta.get("task")
+    family, metric = None, None
+    if task:
+        from compress.tasks import TASKS
+
+        spec = TASKS.get(task)
+        family, metric = (spec.family, spec.metric) if spec else (None, None)
+    if family is None and meta.get("label_names"):
+        family = "multilabel" if meta.get("multilabel") else "classification"
+    tags = ["compress"]
+    if pruned:
+        tags.append("pruned")
+    if (meta.get("pruning") or {}).get("structured"):
+        tags.append("structured-pruning")
+    if meta.get("distillation") or meta.get("teacher"):
+        tags.append("distilled")
+    if model_type:
+        tags.append(model_type)
+    if meta.get("multilabel"):
+        tags.append("multi-label")
+    header: dict[str, Any] = {}
+    base = hub_base_model(meta.get("base_model"))
+    if base:
+        header["base_model"] = base
+    header["library_name"] = "transformers"
+    header["tags"] = tags
+    if family in FAMILY_TASKS:
+        header["pipeline_tag"] = FAMILY_TASKS[family][0]
+    if metrics:
+        ttype, tname = FAMILY_TASKS.get(family or "", ("text-classification", "Text Classification"))
+        ordered = sorted(metrics, key=lambda k: (k != metric, k))  # the task's primary metric first
+        entries = [{"type": METRIC_TYPES.get(k, k), "value": round(metrics[k], 6), "name": f"dev {k}"}
+                   for k in ordered]
+        result: dict[str, Any] = {"task": {"type": ttype, "name": tname}, "metrics": entries}
+        if task:
+            result["dataset"] = {"name": task, "type": task, "split": "dev"}
+        header["model-index"] = [{"name": name, "results": [result]}]
+    return header
+
+
+def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, float] | None = None,
+                      sparsity: dict | None = None, flops: dict | None = None, flops_note: str | None = None,
+                      seq_len: int = 128, command: str | None = None, config: dict | str | None = None,
+                      model_type: str | None = None) -> str:
+    """The card's text (YAML header + Markdown body) from plain values; no file or model access."""
+    import yaml
+
+    from compress.measure.sparsity import format_sparsity_table
+
+    metrics = metrics or {}
+    global_sparsity = (sparsity or {}).get("global", {}).get("sparsity") or 0.0
+    pruning = meta.get("pruning") or {}
+    pruned = bool(pruning) or global_sparsity > 0
+    header = card_metadata(meta, metrics, name, pruned=pruned, model_type=model_type)
+    lines = ["---", yaml.safe_dump(header, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
+             f"# {name}", ""]
+    what = []
+    if pruned:
+        target = pruning.get("sparsity")
+        how = f"magnitude-pruned (Gordon et al. 2020) to {100 * target:.0f}% target sparsity" \
+            if isinstance(target, (int, float)) else "pruned"
+        what.append(how)
+    if meta.get("distillation") or meta.get("teacher"):
+        what.append("distilled from a teacher")
+    if meta.get("task"):
+        what.append(f"fine-tuned on {meta['task']}")
+    base = header.get("base_model")
+    desc = ", ".join(what) if what else "saved"
+    lines.append(f"A {model_type or 'transformer'} encoder {desc}" + (f", from `{base}`" if base else "")
+                 + ", by the `compress` toolkit.")
+    if meta.get("label_names"):
+        lines += ["", "Labels: " + ", ".join(f"`{n}`" for n in meta["label_names"]) + "."]
+    if metrics:
+        lines += ["", "## Results (dev set)", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f} |" for k, v in metrics.items()]
+    lines += ["", "## Sparsity", ""]
+    if sparsity and global_sparsity > 0:
+        lines += ["Fraction of the pruned matrices' weights that are exactly zero (stored as zeros; "
+                  "`masks.safetensors` marks the pruned ones and `compress verify` checks them).", "",
+                  "```", format_sparsity_table(sparsity), "```"]
+    elif sparsity:
+        lines.append("Dense: no weight of the prunable matrices is zero.")
+    else:
+        lines.append("Not measured (an architecture without a role table).")
+    lines += ["", f"## FLOPs per example (sequence length {seq_len})", ""]
+    if flops:
+        lines += [f"- dense: {flops['dense_flops'] / 1e9:.4f} GFLOPs ({flops['dense_macs']:,} MACs)",
+                  f"- effective: {flops['effective_flops'] / 1e9:.4f} GFLOPs (MACs with a zero weight not "
+                  "counted)",
+                  f"- {flops['unit']}; not counted (element-wise): "
+                  + (", ".join(flops.get("not_counted") or {}) or "none"),
+                  "- Unstructured zeros save storage (gzip), not time on dense kernels; removed heads/FFN "
+                  "neurons and int8 are what run faster."]
+    else:
+        lines.append(f"Not counted ({flops_note or 'no model given'}).")
+    lines += ["", "## How it was made", ""]
+    if command:
+        lines += ["```bash", command, "```"]
+    if config:
+        text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
+        lines += ["", "Configuration:", "", "```yaml", text.rstrip(), "```"]
+    if pruning.get("history"):
+        steps = ", ".join(f"{h['step']}: {100 * h['sparsity']:.1f}%" for h in pruning["history"][-5:])
+        lines += ["", f"Pruning steps (last five, step: sparsity): {steps}."]
+    lines += ["", "## Use", "", "```python",
+              "from transformers import AutoModel, AutoModelForSequenceClassification",
+              f"model = {'AutoModelForSequenceClassification' if meta.get('label_names') else 'AutoModel'}"
+              ".from_pretrained(\"PATH_OR_HUB_ID\")",
+              "```", "",
+              "Fine-tuning it with `compress finetune --model PATH` keeps its masks (pruned weights stay "
+              "zero); `compress measure PATH` and `compress export PATH --to model.onnx` read it.", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(folder: str | Path, model=None, *, meta: dict[str, Any] | None = None,
+                     metrics: dict[str, Any] | None = None, command: str | None = None,
+                     config: dict | str | None = None, sparsity: dict | None = None,
+                     seq_len: int | None = None) -> Path:
+    """Write ``folder/README.md`` for the model saved there; returns its path.
+
+    ``model`` (the model in memory) gives the sparsity and FLOPs; ``meta`` defaults to the folder's
+    ``compress.json``; ``metrics`` to the run's last evaluation; ``command`` to the running command
+    line; ``config`` to the run's ``config.yaml``; ``seq_len`` (FLOPs) to the model's
+    ``max_length``, else 128. ``eval_``-prefixed metric names (``Trainer.evaluate``) are accepted.
+    """
+    folder = Path(folder)
+    if meta is None:
+        meta_file = folder / "compress.json"
+        meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    run = _run_folder(folder)
+    if metrics is None and run is not None:
+        metrics = _last_eval(run)
+    if config is None and run is not None:
+        config = (run / "config.yaml").read_text(encoding="utf-8")
+    seq_len = seq_len or int(meta.get("max_length") or 128)
+    flops, note = _flops(model, seq_len) if model is not None else (None, None)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type is None and (folder / "config.json").is_file():
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    name = run.name if run is not None else folder.resolve().name
+    text = render_model_card(meta, name=name, metrics=_numeric(metrics or {}),
+                             sparsity=_sparsity(folder, run, model, sparsity), flops=flops,
+                             flops_note=note, seq_len=seq_len,
+                             command=command if command is not None else command_line(), config=config,
+                             model_type=model_type)
+    path = folder / CARD_FILE
+    path.write_text(text, encoding="utf-8")
+    return path

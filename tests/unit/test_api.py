@@ -1,0 +1,236 @@
+"""The public Python API (``compress/__init__.py``): stable names, pruning, KD loss, measure, export,
+model cards, and misuse that fails with one exception naming the fix. Tiny models only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+import compress
+from tests.tiny_encoders import FFN, HIDDEN, build
+
+# Every public name, written out here (not read from compress.__all__): renaming one breaks users.
+PUBLIC = ("CompressError", "DataError", "DistillationTrainer", "GradualSchedule", "IntegrityError",
+          "MagnitudePruner", "ModelError", "OneShotSchedule", "ParityError", "PrunerStateError",
+          "PruningCallback", "UsageError", "export_onnx", "format_sparsity_table", "kd_loss",
+          "make_pruner", "measure_model", "prunable_targets", "prune_model", "save_pruned_model",
+          "sparsity_report", "verify_masks", "write_model_card")
+
+
+@pytest.fixture(scope="module")
+def bert_parts():
+    config, tokenizer = build("bert")
+    return config, tokenizer
+
+
+def _classifier(config, num_labels=2, seed=0):
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    cfg = config.__class__(**{**config.to_dict(), "num_labels": num_labels})
+    return BertForSequenceClassification(cfg)
+
+
+def _card(folder):
+    text = (folder / "README.md").read_text()
+    assert text.startswith("---\n")
+    header, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(header), body
+
+
+def test_every_public_name_imports():
+    assert sorted(compress.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(compress, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'prune_everything'"):
+        compress.prune_everything  # noqa: B018
+
+
+def test_import_compress_loads_neither_torch_nor_transformers():
+    code = "import sys, compress; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_prune_model_oneshot_zeroes_the_requested_fraction_of_each_matrix(bert_parts):
+    model = _classifier(bert_parts[0])
+    masks = compress.prune_model(model, 0.5)
+    params = dict(model.named_parameters())
+    # Q, K, V, attention output, FFN in and out of 2 layers, and the word embeddings
+    assert len(masks) == 2 * 6 + 1
+    for name, mask in masks.items():
+        p = params.get("bert." + name)
+        assert p is not None, name
+        assert int((p == 0).sum()) == round(0.5 * p.numel()), name
+        assert torch.equal(p.detach() == 0, ~mask), name
+
+
+def test_pruner_misuse_names_the_fix(bert_parts):
+    model = _classifier(bert_parts[0])
+    pruner = compress.make_pruner(model, 0.5, total_steps=10)
+    with pytest.raises(compress.PrunerStateError, match=r"call pruner\.initialize\(\) once"):
+        pruner.step(1)
+    pruner.initialize()
+    pruner.finalize()
+    with pytest.raises(compress.PrunerStateError, match="build a new pruner"):
+        pruner.step(2)
+    with pytest.raises(compress.UsageError, match="total_steps="):
+        compress.make_pruner(model, 0.5)  # gradual, with no step count
+    with pytest.raises(compress.UsageError, match="choose one of: oneshot, gradual"):
+        compress.make_pruner(model, 0.5, schedule="cubic", total_steps=10)
+
+
+def test_a_model_without_prunable_matrices_is_refused_with_the_fix():
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(compress.UsageError, match=r"pass include=\('re:<regex>',\)"):
+        compress.PruningCallback(0.5, model=plain)
+    with pytest.raises(compress.UsageError, match="include="):
+        compress.make_pruner(plain, 0.5, schedule="oneshot")
+    # the fix works: naming the matrix prunes it
+    masks = compress.prune_model(plain, 0.5, include=("re:weight$",))
+    assert list(masks) == ["0.weight"] and int((plain[0].weight == 0).sum()) == 8
+
+
+def test_gradual_pruner_in_a_plain_loop_keeps_pruned_gradients_and_weights_zero(bert_parts):
+    model = _classifier(bert_parts[0])
+    pruner = compress.make_pruner(model, 0.6, total_steps=8, prune_every=1)  # ramp over steps 0..4
+    pruner.initialize()
+    pruner.register_grad_masks()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ids = torch.randint(100, 1000, (4, 12))
+    seen = []
+    for step in range(1, 9):
+        loss = model(input_ids=ids, labels=torch.tensor([0, 1, 0, 1])).loss
+        loss.backward()
+        for name, mask in pruner.masks.items():  # the hooks zeroed them during backward
+            grad = pruner.params[name].grad
+            assert grad is None or not grad[~mask].any(), name
+        opt.step()
+        opt.zero_grad()
+        pruner.step(step)
+        seen.append(pruner.history[-1]["sparsity"])
+    masks = pruner.finalize()
+    assert seen == sorted(seen) and 0 < seen[0] < 0.6  # gradual: increasing to the target
+    params = dict(model.named_parameters())
+    for name, mask in masks.items():
+        p = params["bert." + name].detach()
+        assert int((~mask).sum()) == round(0.6 * p.numel()) and not p[~mask].any(), name
+
+
+def test_kd_loss_known_answer():
+    s = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
+    t = torch.tensor([[1.0, 1.0, 0.0], [3.0, -2.0, 0.0]])
+    y = torch.tensor([0, 2])
+    temp = 2.0
+    p_t = torch.softmax(t / temp, -1)
+    kl = (p_t * (p_t.log() - torch.log_softmax(s / temp, -1))).sum(-1).mean() * temp ** 2
+    ce = -torch.log_softmax(s, -1)[torch.arange(2), y].mean()
+    out = compress.kd_loss(s, t, y, temperature=temp)
+    assert out["distill"].item() == pytest.approx(kl.item(), rel=1e-6)
+    assert out["task"].item() == pytest.approx(ce.item(), rel=1e-6)
+    assert out["loss"].item() == pytest.approx(ce.item() + 4.0 * kl.item(), rel=1e-6)  # lambda 4
+    no_labels = compress.kd_loss(s, t, temperature=temp, kd_lambda=1.0)
+    assert no_labels["task"].item() == 0 and no_labels["loss"].item() == pytest.approx(kl.item(), rel=1e-6)
+    assert compress.kd_loss(s, s, kind="mse")["distill"].item() == 0
+
+
+def test_kd_loss_misuse_names_the_fix():
+    with pytest.raises(compress.UsageError, match=r"predicts 2 labels and the teacher 3.*num_labels=3"):
+        compress.kd_loss(torch.zeros(4, 2), torch.zeros(4, 3))
+    with pytest.raises(compress.UsageError, match="choose one of: kl, mse"):
+        compress.kd_loss(torch.zeros(4, 2), torch.zeros(4, 2), kind="cosine")
+    with pytest.raises(compress.UsageError, match="pass outputs.logits"):
+        compress.kd_loss(torch.zeros(4), torch.zeros(4))
+
+
+def test_distillation_trainer_refuses_a_teacher_with_other_labels(bert_parts, tmp_path):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    with pytest.raises(compress.UsageError, match="num_labels=3"):
+        compress.DistillationTrainer(model=_classifier(bert_parts[0], 2), args=args,
+                                     teacher=_classifier(bert_parts[0], 3))
+
+
+def test_measure_counts_linear_macs_by_hand_dense_and_after_pruning(bert_parts):
+    model = _classifier(bert_parts[0]).train()
+    seq = 16
+    per_layer = 4 * HIDDEN * HIDDEN + 2 * HIDDEN * FFN  # Q, K, V, attention output; FFN in and out
+    head = HIDDEN * HIDDEN + HIDDEN * 2  # pooler (one token) and the 2-label classifier
+    dense = compress.measure_model(model, seq)
+    assert dense["flops"]["dense_macs_by_operator"]["linear"] == 2 * seq * per_layer + head
+    assert model.training  # measuring left the model's mode alone
+    compress.prune_model(model, 0.5)
+    r = compress.measure_model(model, seq)
+    assert r["flops"]["effective_macs_by_operator"]["linear"] == 2 * seq * per_layer // 2 + head
+    assert r["sparsity"]["encoder"]["sparsity"] == pytest.approx(0.5)
+    assert "sparsity" in r["sparsity_table"]
+
+
+def test_export_onnx_checks_parity_and_never_overwrites(bert_parts, tmp_path):
+    model = _classifier(bert_parts[0])
+    compress.prune_model(model, 0.3)
+    out = compress.export_onnx(model, tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").is_file() and out["inputs"] == ["input_ids", "attention_mask",
+                                                                  "token_type_ids"]
+    assert out["parity"]["max_abs_diff"]["logits"] <= 1e-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # no temporary file left
+    with pytest.raises(compress.UsageError, match="never overwritten"):
+        compress.export_onnx(model, tmp_path / "m.onnx")
+
+
+def test_save_pruned_model_writes_what_verify_reads_and_a_card(bert_parts, tmp_path):
+    config, tokenizer = bert_parts
+    model = _classifier(config)
+    masks = compress.prune_model(model, 0.5)
+    folder = tmp_path / "pruned"
+    compress.save_pruned_model(model, tokenizer, folder, masks, meta={"base_model": "minilm"},
+                               metrics={"accuracy": 0.75})
+    r = compress.verify_masks(folder)
+    assert r["tensors"] == 13 and r["pruned"] == sum(int((~m).sum()) for m in masks.values())
+    report = json.loads((folder / "sparsity.json").read_text())
+    assert report["global"]["sparsity"] == pytest.approx(0.5, abs=1e-3)
+    header, body = _card(folder)
+    assert header["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert header["library_name"] == "transformers" and "pruned" in header["tags"]
+    metric = header["model-index"][0]["results"][0]["metrics"][0]
+    assert metric["type"] == "accuracy" and metric["value"] == 0.75
+    assert "## Sparsity" in body and "global: 50.0%" in body and "effective" in body
+    # a regrown weight is caught on the saved folder
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(folder / "model.safetensors"))
+    name = next(n for n in masks if n.startswith("encoder."))
+    idx = (~masks[name]).nonzero()[0]
+    w["bert." + name][tuple(idx)] = 1.0
+    save_file(w, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(compress.IntegrityError, match="regrown"):
+        compress.verify_masks(folder)
+
+
+def test_save_model_in_a_run_folder_cards_the_last_eval_and_the_config(bert_parts, tmp_path):
+    from compress.models import save_model
+
+    config, tokenizer = bert_parts
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: sst2\nsparsity: 0.4\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n{"step": 6, "eval": {"accuracy": 0.5,'
+                                       ' "n": 64, "score": 0.5}}\n{"step": 8, "eval": {"accuracy": 0.625,'
+                                       ' "n": 64, "score": 0.625}}\n')
+    model = _classifier(config)
+    compress.prune_model(model, 0.4)
+    save_model(model, tokenizer, run / "model", {"task": "sst2", "label_names": ["neg", "pos"],
+                                                 "base_model": "org/bert-small", "max_length": 32,
+                                                 "pruning": {"sparsity": 0.4}})
+    header, body = _card(run / "model")
+    assert header["base_model"] == "org/bert-small" and header["pipeline_tag"] == "text-classification"
+    result = header["model-index"][0]["results"][0]
+    assert result["dataset"]["name"] == "sst2"
+    assert [(m["type"], m["value"]) for m in result["metrics"]] == [("accuracy", 0.625)]
+    assert "sparsity: 0.4" in body and "global: 40.0%" in body and "sequence length 32" in body
