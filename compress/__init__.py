@@ -3,7 +3,7 @@
 The public Python API (listed in ``__all__``; README "Python API") is imported lazily: ``import
 compress`` loads neither torch nor transformers until a name is used.
 
-- pruning: ``make_pruner``, ``prune_model``, ``prunable_targets``, ``save_pruned_model``,
+- pruning: ``make_pruner``, ``prune_model``, ``prunable_targets``, ``save_model``,
   ``verify_masks``, ``MagnitudePruner``, ``OneShotSchedule``, ``GradualSchedule``;
 - ``transformers.Trainer``: ``PruningCallback``, ``DistillationTrainer``;
 - distillation: ``kd_loss``;
@@ -24,7 +24,7 @@ _PUBLIC: dict[str, str] = {
     "make_pruner": "compress.api",
     "prune_model": "compress.api",
     "prunable_targets": "compress.api",
-    "save_pruned_model": "compress.api",
+    "save_model": "compress.api",
     "verify_masks": "compress.api",
     "kd_loss": "compress.api",
     "measure_model": "compress.api",
@@ -60,3 +60,10 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
+
+
+# Structured-pruned folders (model type compress_<type>) load with plain Auto*.from_pretrained once
+# compress is imported; registered when transformers is imported, so this import stays light.
+from compress import autoregister as _autoregister  # noqa: E402
+
+_autoregister.install()

@@ -15,7 +15,7 @@ A pruning loop of your own, in four calls::
         optimizer.step(); optimizer.zero_grad()
         pruner.step(step)              # prune on the schedule, re-apply the masks
     masks = pruner.finalize()
-    compress.save_pruned_model(model, tokenizer, "out/", masks)   # `compress verify out/` checks it
+    compress.save_model(model, tokenizer, "out/", masks)   # `compress verify out/` checks it
 
 With ``transformers.Trainer`` use ``compress.PruningCallback`` and ``compress.DistillationTrainer``
 (``compress.integrations.hf_trainer``) instead.
@@ -100,7 +100,7 @@ def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "ma
                 seed: int = 0) -> dict[str, torch.Tensor]:
     """Prune ``model`` in place, one-shot, to ``sparsity``; returns the masks (canonical name ->
     bool tensor on the CPU, True = kept). Keep them enforced in later training with
-    ``make_pruner(..., initial_masks=masks)`` or save them with ``save_pruned_model``."""
+    ``make_pruner(..., initial_masks=masks)`` or save them with ``save_model``."""
     pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
                          include=include, exclude=exclude, seed=seed)
     pruner.initialize()
@@ -124,21 +124,23 @@ def model_meta(model: torch.nn.Module, base_model: str | None = None, **extra: A
     return {**meta, **extra}
 
 
-def save_pruned_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike,
-                      masks: dict[str, torch.Tensor] | None, meta: dict[str, Any] | None = None,
-                      metrics: dict[str, float] | None = None) -> dict[str, Any]:
-    """Save ``model`` (Hugging Face format, zeros stored), its tokenizer, ``masks.safetensors``,
-    ``sparsity.json``, ``compress.json`` and a ``README.md`` model card into ``folder``, then reload
-    the model with plain ``from_pretrained`` and check every mask on it (IntegrityError if a pruned
-    weight is non-zero). ``compress verify``, ``measure`` and ``export`` read the folder. Returns the
-    sparsity report. ``metrics`` (e.g. ``{"accuracy": 0.91}``) go into the card."""
-    from compress.models import save_model
+def save_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike,
+               masks: dict[str, torch.Tensor] | None = None, meta: dict[str, Any] | None = None,
+               metrics: dict[str, float] | None = None) -> dict[str, Any]:
+    """Save ``model`` (Hugging Face format; a pruned model's zeros stored), its tokenizer,
+    ``compress.json``, ``sparsity.json``, a ``README.md`` model card and, given ``masks``,
+    ``masks.safetensors`` into ``folder``; the model is reloaded with plain ``from_pretrained`` and
+    every mask checked on it (IntegrityError if a pruned weight is non-zero). ``compress verify``,
+    ``measure``, ``export`` and ``finetune --model`` read the folder. Returns the sparsity report.
+    ``meta`` adds to ``compress.json`` (e.g. ``{"base_model": ..., "task": ...,
+    "distillation": {...}}``); ``metrics`` (e.g. ``{"accuracy": 0.91}``) go into the card."""
+    from compress.models import save_model as save_folder
 
     folder = Path(folder)
     meta = {**model_meta(model), **(meta or {})}
     if masks:
         meta.setdefault("pruning", {}).update({"masks_file": "masks.safetensors", "targets": sorted(masks)})
-    save_model(model, tokenizer, folder, meta)  # writes the card too, from the live model
+    save_folder(model, tokenizer, folder, meta)  # writes the card too, from the live model
     report = write_pruning_files(folder, model, masks, reload_check=True)
     if metrics:
         from compress.modelcard import write_model_card

@@ -31,7 +31,9 @@ FAMILY_TASKS = {"classification": ("text-classification", "Text Classification")
 # metric names of compress -> Hugging Face metric types
 METRIC_TYPES = {"accuracy": "accuracy", "mcc": "matthews_correlation", "f1": "f1", "micro_f1": "f1",
                 "exact_match": "exact_match", "em": "exact_match", "mrr": "mrr"}
-NOT_METRICS = ("n", "score", "loss", "seconds")
+# Trainer/run bookkeeping that is not a quality metric of the model
+NOT_METRICS = ("n", "score", "loss", "seconds", "runtime", "samples_per_second", "steps_per_second",
+               "epoch", "step", "sparsity")
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -91,8 +93,7 @@ def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
     out = {}
     for k, v in metrics.items():
         name = k[len("eval_"):] if k.startswith("eval_") else k
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and name not in NOT_METRICS \
-                and not name.endswith(("_runtime", "_per_second")) and name != "epoch":
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and name not in NOT_METRICS:
             out[name] = float(v)
     return out
 
@@ -160,9 +161,10 @@ def card_metadata(meta: dict[str, Any], metrics: dict[str, float], name: str, *,
         ordered = sorted(metrics, key=lambda k: (k != metric, k))  # the task's primary metric first
         entries = [{"type": METRIC_TYPES.get(k, k), "value": round(metrics[k], 6), "name": f"dev {k}"}
                    for k in ordered]
-        result: dict[str, Any] = {"task": {"type": ttype, "name": tname}, "metrics": entries}
-        if task:
-            result["dataset"] = {"name": task, "type": task, "split": "dev"}
+        dataset = task or meta.get("dataset") or "evaluation set"
+        result: dict[str, Any] = {"task": {"type": ttype, "name": tname},
+                                  "dataset": {"name": dataset, "type": task or "custom", "split": "dev"},
+                                  "metrics": entries}
         header["model-index"] = [{"name": name, "results": [result]}]
     return header
 

@@ -31,7 +31,8 @@ class PruningCallback(TrainerCallback):
     ``sparsity``: the final fraction of zeros in the pruned matrices. The schedule options are those
     of ``compress.make_pruner`` (``prune_steps`` defaults to the first half of training, in ten
     increments). ``model``: the model the Trainer trains; when given, its prunable matrices are
-    checked here, else at ``on_train_begin``. ``base_model`` is recorded in the card.
+    checked here, else at ``on_train_begin``. ``base_model`` (a hub id) and ``dataset`` (a name)
+    are recorded in ``compress.json`` and the model card.
 
     After training, ``callback.masks`` holds the final masks and ``callback.pruner`` the pruner.
     A resumed run (``trainer.train(resume_from_checkpoint=...)``) keeps the zeros of the loaded
@@ -42,7 +43,7 @@ class PruningCallback(TrainerCallback):
                  prune_steps: int | None = None, prune_every: int | None = None, start_step: int = 0,
                  initial_sparsity: float = 0.0, power: float = 3.0, criterion: str = "magnitude",
                  scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
-                 seed: int = 0, base_model: str | None = None):
+                 seed: int = 0, base_model: str | None = None, dataset: str | None = None):
         from compress.config import check_range
 
         check_range("sparsity", sparsity, 0, 1, hi_open=True)
@@ -51,8 +52,9 @@ class PruningCallback(TrainerCallback):
                             start_step=start_step, initial_sparsity=initial_sparsity, power=power,
                             criterion=criterion, scope=scope, include=tuple(include),
                             exclude=tuple(exclude), seed=seed)
-        self.base_model = base_model
+        self.base_model, self.dataset = base_model, dataset
         self.model = model
+        self._args = self._state = None  # the Trainer's, kept for the model card
         self.pruner = None
         self.masks: dict[str, torch.Tensor] | None = None
         self._handles: list = []
@@ -70,7 +72,7 @@ class PruningCallback(TrainerCallback):
             from compress.errors import UsageError
 
             raise UsageError("PruningCallback got no model; pass PruningCallback(..., model=model)")
-        self.model = model
+        self.model, self._args, self._state = model, args, state
         initial = None
         if state.global_step > 0:  # resumed: the checkpoint's zeros stay pruned
             initial = {n: p.detach() != 0 for n, p in
@@ -124,7 +126,8 @@ class PruningCallback(TrainerCallback):
                    "masks_file": MASKS_FILE, "targets": list(self.pruner.params),
                    "schedule_params": {k: getattr(sch, k) for k in sch.__dataclass_fields__},
                    "history": self.pruner.history, "writer": "compress.PruningCallback"}
-        return model_meta(self.model, self.base_model, pruning=pruning)
+        extra = {"dataset": self.dataset} if self.dataset else {}
+        return model_meta(self.model, self.base_model, pruning=pruning, **extra)
 
     def save(self, folder: str | Path, state=None, metrics: dict[str, float] | None = None,
              reload_check: bool = True) -> dict:
@@ -141,17 +144,18 @@ class PruningCallback(TrainerCallback):
 
             raise UsageError("PruningCallback.save() before training: call trainer.train() first")
         folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
         masks = {n: m.detach().cpu() for n, m in self.pruner.masks.items()}
-        report = write_pruning_files(folder, self.model, masks, reload_check=reload_check)
-        meta = self.meta()
-        meta_file = folder / "compress.json"
+        meta_file = folder / "compress.json"  # first: it says how the reload check loads the model
         old = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
-        meta = {**old, **meta}
+        meta = {**old, **self.meta()}
         meta_file.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        report = write_pruning_files(folder, self.model, masks, reload_check=reload_check)
+        state = state if state is not None else self._state
         if metrics is None and state is not None:
             metrics = last_eval_metrics(state.log_history)
         write_model_card(folder, self.model, meta=meta, metrics=metrics, sparsity=report,
-                         config=_training_config(state, self))
+                         config=_training_config(self, state, self._args))
         return report
 
 
@@ -163,13 +167,30 @@ def last_eval_metrics(log_history: list[dict]) -> dict[str, float] | None:
     return None
 
 
-def _training_config(state, callback: PruningCallback) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"sparsity": callback.sparsity, **{k: list(v) if isinstance(v, tuple) else v
-                                                              for k, v in callback.options.items()}}
+# TrainingArguments worth a line in the model card
+CARD_TRAINING_ARGS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+                      "gradient_accumulation_steps", "weight_decay", "warmup_steps", "lr_scheduler_type",
+                      "max_grad_norm", "seed")
+
+
+def _training_config(callback: PruningCallback, state, args) -> dict[str, Any]:
+    """The pruning options and the Trainer's main settings, for the card."""
+    cfg: dict[str, Any] = {"pruning": {"sparsity": callback.sparsity,
+                                       **{k: list(v) if isinstance(v, tuple) else v
+                                          for k, v in callback.options.items()}}}
+    if args is not None:
+        cfg["training_arguments"] = {k: _plain(getattr(args, k)) for k in CARD_TRAINING_ARGS
+                                     if hasattr(args, k)}
     if state is not None:
-        cfg.update({"max_steps": state.max_steps, "global_step": state.global_step,
-                    "train_batch_size": state.train_batch_size})
+        cfg["trainer_state"] = {"max_steps": state.max_steps, "global_step": state.global_step}
     return cfg
+
+
+def _plain(value: Any) -> Any:
+    """A YAML-safe value: enums (``SchedulerType``, a ``str`` subclass) become their value."""
+    if hasattr(value, "value") and isinstance(value.value, (int, float, str)):
+        return value.value
+    return value if type(value) in (int, float, str, bool, type(None)) else str(value)
 
 
 class DistillationTrainer(Trainer):

@@ -12,13 +12,14 @@ import torch
 import yaml
 
 import compress
+from tests.conftest import ROOT
 from tests.tiny_encoders import FFN, HIDDEN, build
 
 # Every public name, written out here (not read from compress.__all__): renaming one breaks users.
 PUBLIC = ("CompressError", "DataError", "DistillationTrainer", "GradualSchedule", "IntegrityError",
           "MagnitudePruner", "ModelError", "OneShotSchedule", "ParityError", "PrunerStateError",
           "PruningCallback", "UsageError", "export_onnx", "format_sparsity_table", "kd_loss",
-          "make_pruner", "measure_model", "prunable_targets", "prune_model", "save_pruned_model",
+          "make_pruner", "measure_model", "prunable_targets", "prune_model", "save_model",
           "sparsity_report", "verify_masks", "write_model_card")
 
 
@@ -184,12 +185,12 @@ def test_export_onnx_checks_parity_and_never_overwrites(bert_parts, tmp_path):
         compress.export_onnx(model, tmp_path / "m.onnx")
 
 
-def test_save_pruned_model_writes_what_verify_reads_and_a_card(bert_parts, tmp_path):
+def test_save_model_writes_what_verify_reads_and_a_card(bert_parts, tmp_path):
     config, tokenizer = bert_parts
     model = _classifier(config)
     masks = compress.prune_model(model, 0.5)
     folder = tmp_path / "pruned"
-    compress.save_pruned_model(model, tokenizer, folder, masks, meta={"base_model": "minilm"},
+    compress.save_model(model, tokenizer, folder, masks, meta={"base_model": "minilm"},
                                metrics={"accuracy": 0.75})
     r = compress.verify_masks(folder)
     assert r["tensors"] == 13 and r["pruned"] == sum(int((~m).sum()) for m in masks.values())
@@ -234,3 +235,13 @@ def test_save_model_in_a_run_folder_cards_the_last_eval_and_the_config(bert_part
     assert result["dataset"]["name"] == "sst2"
     assert [(m["type"], m["value"]) for m in result["metrics"]] == [("accuracy", 0.625)]
     assert "sparsity: 0.4" in body and "global: 40.0%" in body and "sequence length 32" in body
+
+
+def test_library_does_not_import_the_examples():
+    from tests.unit.test_layering import _imported_modules, _library_files
+
+    examples = {p.stem for p in (ROOT / "examples").glob("*.py")}
+    assert {"trainer_prune", "sample_data"} <= examples
+    bad = [f"{p}: {m}" for p in _library_files() for m in _imported_modules(p)
+           if m.split(".")[0] in examples | {"examples"}]
+    assert not bad
