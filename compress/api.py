@@ -248,43 +248,14 @@ def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128
     ``forward(input_ids, attention_mask=None)`` contract) or what ``compress measure`` takes (a model
     or run folder, 'minilm', an .onnx file). The model's train/eval mode is left as it was.
     """
-    from compress.measure.workflow import MeasureConfig, run_measure
+    from compress.measure.workflow import MeasureConfig, measure_loaded, run_measure
 
     if isinstance(model, (str, os.PathLike)):
         return run_measure(MeasureConfig(model=str(model), seq_len=seq_len))
-    import torch
-
     from compress.config import check_range
-    from compress.export.onnx import example_inputs
-    from compress.measure.flops import count_flops
-    from compress.measure.params import count_params
-    from compress.measure.report import speed_verdict
 
     check_range("seq_len", seq_len, 1, 4096)
-    loaded = _loaded(model)
-    was_training = model.training
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    try:
-        inputs = {k: v.to(device) for k, v in example_inputs(loaded, 1, seq_len).items()}
-        params = count_params(model)
-        flops = count_flops(model, inputs)
-    finally:
-        model.train(was_training)
-    result: dict[str, Any] = {"model": type(model).__name__, "kind": loaded.kind, "seq_len": seq_len,
-                              "params": params, "flops": flops}
-    config = getattr(model, "config", None)
-    structured = getattr(config, "layer_heads", None) is not None
-    if loaded.kind == "bert":
-        from compress.architectures import find_layout
-        from compress.measure.sparsity import format_sparsity_table, sparsity_report
-
-        if find_layout(model) is not None:
-            report = sparsity_report(model)
-            result["sparsity"] = report
-            result["sparsity_table"] = format_sparsity_table(report)
-    result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],
-                                      structured=structured, distilled=False)
-    return result
+    return {"model": type(model).__name__, **measure_loaded(_loaded(model), seq_len)}
 
 
 def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float = 1e-4,

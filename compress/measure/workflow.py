@@ -61,28 +61,49 @@ def measure_onnx(path: Path, cfg: MeasureConfig) -> dict[str, Any]:
 
 def run_measure(cfg: MeasureConfig) -> dict[str, Any]:
     """Measure ``cfg.model`` (model folder, run folder, student folder, 'minilm' or .onnx file)."""
-    from compress.export.onnx import example_inputs, is_onnx_file, load_torch_model
-    from compress.measure.flops import count_flops
-    from compress.measure.params import count_params
-    from compress.measure.report import disk_sizes, speed_verdict
+    from compress.export.onnx import is_onnx_file, load_torch_model
+    from compress.measure.report import disk_sizes
 
     if is_onnx_file(cfg.model):
         return measure_onnx(Path(cfg.model), cfg)
     # transformers' default attention: SDPA where the architecture has it, eager where it does not
     # (DeBERTa); both count the same MACs (compress.measure.flops), the report names the one that ran
     loaded = load_torch_model(cfg.model, attn_implementation=None)
-    inputs = example_inputs(loaded, 1, cfg.seq_len)
-    params = count_params(loaded.model)
-    flops = count_flops(loaded.model, inputs)
-    result: dict[str, Any] = {"model": cfg.model, "kind": loaded.kind, "seq_len": cfg.seq_len,
-                              "params": params, "flops": flops}
+    result: dict[str, Any] = {"model": cfg.model, **measure_loaded(loaded, cfg.seq_len, cfg.runtime)}
+    where = _weights_location(cfg.model, loaded.path)
+    result["disk"] = disk_sizes(where) if where is not None else None
+    return result
+
+
+def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> dict[str, Any]:
+    """Parameters, FLOPs per example at ``seq_len``, sparsity and the speed verdict of a model in
+    memory (a ``compress.export.onnx.LoadedModel``): ``compress measure`` after loading, and
+    ``compress.measure_model`` of a module. The example inputs go to the model's device, and the
+    model's train/eval mode is left as it was."""
+    import torch
+
+    from compress.export.onnx import example_inputs
+    from compress.measure.flops import count_flops
+    from compress.measure.params import count_params
+    from compress.measure.report import speed_verdict
+
+    model = loaded.model
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    try:
+        inputs = {k: v.to(device) for k, v in example_inputs(loaded, 1, seq_len).items()}
+        params = count_params(model)
+        flops = count_flops(model, inputs)
+    finally:
+        model.train(was_training)
+    result: dict[str, Any] = {"kind": loaded.kind, "seq_len": seq_len, "params": params, "flops": flops}
     structured = False
-    config = getattr(loaded.model, "config", None)
+    config = getattr(model, "config", None)
     if loaded.kind == "bert":
         from compress.measure.sparsity import format_sparsity_table, sparsity_report
 
         try:
-            report = sparsity_report(loaded.model)
+            report = sparsity_report(model)
         except RuntimeError as exc:  # per-head slicing assumes the uniform head count
             result["sparsity_note"] = f"per-head sparsity table unavailable: {str(exc)[:120]}"
         else:
@@ -94,9 +115,7 @@ def run_measure(cfg: MeasureConfig) -> dict[str, Any]:
                                    "layer_ffn": config.layer_intermediate}
     result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],
                                       structured=structured, distilled=loaded.kind == "student",
-                                      runtime=cfg.runtime)
-    where = _weights_location(cfg.model, loaded.path)
-    result["disk"] = disk_sizes(where) if where is not None else None
+                                      runtime=runtime)
     return result
 
 
