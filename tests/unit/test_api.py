@@ -245,3 +245,16 @@ def test_library_does_not_import_the_examples():
     bad = [f"{p}: {m}" for p in _library_files() for m in _imported_modules(p)
            if m.split(".")[0] in examples | {"examples"}]
     assert not bad
+
+
+def test_card_base_model_follows_compress_folders_to_the_hub_id(tmp_path):
+    from compress.modelcard import hub_base_model
+
+    pruned, tuned = tmp_path / "pruned", tmp_path / "tuned"
+    (pruned / "model").mkdir(parents=True)
+    (pruned / "model" / "compress.json").write_text(json.dumps({"base_model": "minilm"}))
+    tuned.mkdir()
+    (tuned / "compress.json").write_text(json.dumps({"base_model": str(pruned)}))
+    assert hub_base_model(str(tuned)) == "sentence-transformers/all-MiniLM-L6-v2"
+    assert hub_base_model("org/name") == "org/name" and hub_base_model(None) is None
+    assert hub_base_model(str(tmp_path / "plain")) == str(tmp_path / "plain")  # records no origin
