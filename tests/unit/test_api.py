@@ -258,3 +258,10 @@ def test_card_base_model_follows_compress_folders_to_the_hub_id(tmp_path):
     assert hub_base_model(str(tuned)) == "sentence-transformers/all-MiniLM-L6-v2"
     assert hub_base_model("org/name") == "org/name" and hub_base_model(None) is None
     assert hub_base_model(str(tmp_path / "plain")) == str(tmp_path / "plain")  # records no origin
+
+
+def test_readme_python_api_section_lists_every_public_name():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python API"):text.index("## Tests")]
+    missing = [n for n in PUBLIC if f"`{n}" not in section]
+    assert not missing
