@@ -118,6 +118,17 @@ def label_prior_logits(ds: TextDataset) -> torch.Tensor:
     return torch.log(p / (1 - p)).float()
 
 
+def classifier_output_layer(model) -> torch.nn.Linear:
+    """The Linear layer that makes a sequence classifier's logits: ``classifier`` itself (BERT,
+    DistilBERT, DeBERTa, ModernBERT) or the last Linear inside it (RoBERTa's and ELECTRA's
+    ``classifier.out_proj``)."""
+    head = model.classifier
+    layers = [head] if isinstance(head, torch.nn.Linear) else [
+        m for m in head.modules() if isinstance(m, torch.nn.Linear)]
+    assert layers and layers[-1].out_features == model.config.num_labels, type(head).__name__
+    return layers[-1]
+
+
 def init_bias_to_prior(head: torch.nn.Linear, ds: TextDataset) -> None:
     """Start a fresh multi-label head at the label prior (bias = log-odds of each label's frequency).
 
@@ -138,7 +149,7 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     set_seed(cfg.seed)  # the fresh task head is initialised from the global RNG
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     if data["train"].multilabel and tuple(meta.get("label_names") or ()) != tuple(labels):
-        init_bias_to_prior(model.classifier, data["train"])
+        init_bias_to_prior(classifier_output_layer(model), data["train"])
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
     from compress.models import resolve_model
     from compress.pruning.pruner import fine_tuning_hooks

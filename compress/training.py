@@ -114,12 +114,25 @@ class TrainHook:
 HEAD_PREFIXES = ("classifier.", "qa_outputs.")
 
 
+def head_parameter_ids(model) -> set[int]:
+    """ids of the task head's parameters. For a Hugging Face task model: every parameter outside its
+    encoder (``model.base_model``), whatever the architecture names its head (BERT's ``classifier``,
+    RoBERTa's and ELECTRA's ``classifier.dense``/``out_proj``, DistilBERT's ``pre_classifier``,
+    ModernBERT's ``head``, ``qa_outputs``); for another module, the parameters under HEAD_PREFIXES."""
+    base = getattr(model, "base_model", None)
+    if isinstance(base, torch.nn.Module) and base is not model:
+        encoder = {id(p) for p in base.parameters()}
+        return {id(p) for p in model.parameters() if id(p) not in encoder}
+    return {id(p) for name, p in model.named_parameters() if name.startswith(HEAD_PREFIXES)}
+
+
 def param_groups(model, cfg: TrainConfig) -> list[dict]:
     """AdamW groups: no weight decay on biases and LayerNorms; the task head at ``cfg.head_lr``."""
     groups: dict[tuple[bool, bool], list] = {}
-    for name, p in model.named_parameters():
+    heads = head_parameter_ids(model) if cfg.head_lr is not None else set()
+    for p in model.parameters():
         if p.requires_grad:
-            head = cfg.head_lr is not None and name.startswith(HEAD_PREFIXES)
+            head = id(p) in heads
             groups.setdefault((p.ndim >= 2, head), []).append(p)
     return [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0,
              **({"lr": cfg.head_lr} if head else {})}

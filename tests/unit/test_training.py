@@ -404,3 +404,35 @@ def test_multilabel_head_bias_starts_at_the_label_prior():
     # label counts 3, 1, 1 of 4 documents; p = (count + 0.5) / 5
     want = [math.log(p / (1 - p)) for p in (3.5 / 5, 1.5 / 5, 1.5 / 5)]
     assert head.bias.tolist() == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "distilbert", "electra", "albert", "deberta-v2",
+                                  "modernbert"])
+def test_head_lr_and_label_prior_reach_every_architectures_head(arch):
+    """The head is every parameter not under the encoder's prefix (``roberta.``, ``model.``...):
+    RoBERTa's classifier.dense + out_proj, DistilBERT's pre_classifier, ModernBERT's head; the
+    multi-label prior goes into the Linear that makes the logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.finetune import classifier_output_layer, init_bias_to_prior, label_prior_logits
+    from compress.tasks.base import TextDataset
+    from compress.training import TrainConfig, param_groups
+    from tests.tiny_encoders import build
+
+    cfg = build(arch)[0]
+    cfg.num_labels = 3
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    prefix = model.base_model_prefix + "."
+    head_names = {n for n, _ in model.named_parameters() if not n.startswith(prefix)}
+    assert head_names and {n.split(".")[0] for n in head_names} <= {"classifier", "pre_classifier", "head",
+                                                                    "pooler"}
+    groups = param_groups(model, TrainConfig(lr=1e-4, head_lr=2e-3))
+    lr_of = {id(p): g.get("lr") for g in groups for p in g["params"]}
+    assert {n for n, p in model.named_parameters() if lr_of[id(p)] == 2e-3} == head_names
+
+    ds = TextDataset(texts=["a", "b", "c", "d"], labels=[[0], [0, 1], [], [0]], label_names=("x", "y", "z"),
+                     multilabel=True)
+    out = classifier_output_layer(model)
+    assert out.out_features == 3
+    init_bias_to_prior(out, ds)
+    torch.testing.assert_close(out.bias.detach(), label_prior_logits(ds))
