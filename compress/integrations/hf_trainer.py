@@ -219,6 +219,9 @@ class DistillationTrainer(Trainer):
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.temperature, self.kd_lambda, self.kind = temperature, kd_lambda, kind
+        # kd_loss is a batch mean and takes no num_items_in_batch: the Trainer must divide it by the
+        # gradient-accumulation steps itself, as it does for models without loss kwargs
+        self.model_accepts_loss_kwargs = False
         self._teacher_inputs = set(inspect.signature(teacher.forward).parameters)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -265,3 +265,27 @@ def test_readme_python_api_section_lists_every_public_name():
     section = text[text.index("## Python API"):text.index("## Tests")]
     missing = [n for n in PUBLIC if f"`{n}" not in section]
     assert not missing
+
+
+def test_distillation_trainer_gradient_accumulation_matches_one_big_batch(bert_parts, tmp_path):
+    from transformers import TrainingArguments
+
+    config = bert_parts[0].__class__(**{**bert_parts[0].to_dict(), "hidden_dropout_prob": 0.0,
+                                        "attention_probs_dropout_prob": 0.0})
+    ids = torch.randint(100, 1000, (4, 10), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": ids[i], "attention_mask": torch.ones(10, dtype=torch.long),
+             "labels": torch.tensor(i % 2)} for i in range(4)]
+    after = []
+    for batch, accumulate in ((4, 1), (2, 2)):
+        args = TrainingArguments(output_dir=str(tmp_path / f"b{batch}"), per_device_train_batch_size=batch,
+                                 gradient_accumulation_steps=accumulate, max_steps=1, optim="sgd",
+                                 learning_rate=0.5, lr_scheduler_type="constant", max_grad_norm=0.0,
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+        student = _classifier(config, seed=1)
+        trainer = compress.DistillationTrainer(model=student, teacher=_classifier(config, seed=2), args=args,
+                                               train_dataset=data)
+        trainer.train()
+        after.append(student.classifier.weight.detach().clone())
+    before = _classifier(config, seed=1).classifier.weight.detach()
+    assert not torch.allclose(after[0], before)  # the step moved the weights
+    assert torch.allclose(after[0], after[1], atol=1e-6)  # 2 x 2 accumulated == one batch of 4
