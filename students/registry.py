@@ -132,6 +132,9 @@ def load_student(folder: str | Path) -> tuple[Student, dict[str, Any]]:
     info = json.loads((p / STUDENT_FILE).read_text(encoding="utf-8"))
     cfg = student_config(info["student"], info["config"])
     model = build_student(info["student"], cfg, int(info["vocab_size"]))
+    from compress.models import check_safetensors_file
+
+    check_safetensors_file(p / WEIGHTS_FILE, "copy the run folder again, or re-run 'compress distill'")
     model.load_state_dict(load_file(str(p / WEIGHTS_FILE)))
     model.eval()
     return model, info

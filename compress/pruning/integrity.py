@@ -11,6 +11,8 @@ from compress.errors import DataError, IntegrityError
 from compress.pruning.targets import named_weights
 
 MASKS_FILE = "masks.safetensors"
+REDO = ("copy the run folder again, or re-run the command that wrote it ('compress prune', or "
+        "'compress finetune' of a pruned model)")
 
 
 @torch.no_grad()
@@ -53,6 +55,9 @@ def load_masks(path: Path) -> dict[str, torch.Tensor]:
     if not Path(path).is_file():
         raise DataError(f"no masks at {path}; pass a run folder written by 'compress prune' (or "
                         "'compress finetune' of a pruned model)")
+    from compress.models import check_safetensors_file
+
+    check_safetensors_file(path, REDO)
     return {n: t.bool() for n, t in load_file(str(path)).items()}
 
 
@@ -64,8 +69,9 @@ def load_saved_model(model_dir: Path):
     meta_file = model_dir / "compress.json"
     meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
     cls = AutoModelForSequenceClassification if meta.get("label_names") else AutoModel
-    from compress.models import register_model_types
+    from compress.models import check_safetensors_folder, register_model_types
 
+    check_safetensors_folder(model_dir, REDO)
     register_model_types()
     return cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
 
