@@ -209,3 +209,22 @@ def test_missing_tagger_data_names_the_download_command(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "python -m nltk.downloader averaged_perceptron_tagger_eng" in msg and "NLTK_DATA" in msg
     assert "\n" not in msg
+
+
+def test_wordpiece_reads_copies_as_it_read_space_joined_words(nltk_data):
+    """Keeping the example's spacing changes nothing for WordPiece, which splits punctuation and
+    added tokens itself: every copy tokenizes as its words and masks joined by single spaces (how
+    copies were written before), so WordPiece transfer sets give the same token ids as then."""
+    import re
+
+    from compress.models import load_tokenizer
+    from compress.tasks import DataOptions, get_task
+
+    tok = load_tokenizer("minilm")
+    texts = get_task("sample").load(DataOptions(), "train").texts[:40]
+    copies, _ = augment_texts(texts, None, AugmentConfig(copies=2, p_mask=0.3, p_pos=0.2, seed=5))
+    # words, masks, and runs of punctuation that stop before a mask (",[MASK]" is two units)
+    words = re.compile(r"\[MASK\]|\w+(?:['\u2019]\w+)*|(?:(?!\[MASK\])[^\w\s])+")
+    spaced = [" ".join(words.findall(c)) for c in copies]
+    assert sum(c != s for c, s in zip(copies, spaced)) > 10  # the spacing did change
+    assert tok(copies)["input_ids"] == tok(spaced)["input_ids"]
