@@ -15,13 +15,17 @@ from compress.tasks.readers import column, read_delimited, read_jsonl, read_text
 _SPLIT_FILES = {"train": ("train",), "dev": ("dev", "validation"), "test": ("test",)}
 
 
-def _split_file(folder: Path, split: str, exts: tuple[str, ...]) -> Path:
-    for stem in _SPLIT_FILES.get(split, (split,)):
+def _split_file(folder: Path, split: str, exts: tuple[str, ...], stems: tuple[str, ...] | None = None
+                ) -> Path:
+    """The first of ``folder/<stem>.<ext>`` that exists; ``stems`` defaults to the split's usual
+    names."""
+    stems = stems or _SPLIT_FILES.get(split, (split,))
+    for stem in stems:
         for ext in exts:
             p = folder / f"{stem}.{ext}"
             if p.is_file():
                 return p
-    expected = f"{_SPLIT_FILES.get(split, (split,))[0]}.{exts[0]}"
+    expected = " or ".join(f"{stem}.{exts[0]}" for stem in stems if stem != "validation")
     raise DataError(f"no {split} file in {folder}: expected {expected}")
 
 
@@ -62,19 +66,18 @@ def glue_loader(dirs: tuple[str, ...], labels: tuple[str, ...], text: str, pair:
         path = _split_file(task_folder(opts, dirs, ("train.tsv", "dev.tsv")), split, ("tsv",))
         first = read_text(path, "utf-8-sig").split("\n", 1)[0].split("\t")
         has_header = label in first or (text in first)
-        head, rows = read_delimited(path, "\t", header=has_header or headerless is None,
-                                    quoting=csv.QUOTE_NONE)
+        head, rows, lines = read_delimited(path, "\t", header=has_header or headerless is None,
+                                           quoting=csv.QUOTE_NONE)
         if head is not None:
             ti, li = column(head, text, path), column(head, label, path)
             pi = column(head, pair, path) if pair else None
         else:
             assert headerless is not None
             ti, pi, li = headerless
-            for n, r in enumerate(rows, start=1):
+            for line, r in zip(lines, rows):
                 if len(r) <= max(ti, li, pi or 0):
-                    raise DataError(f"{path}:{n}: expected at least {max(ti, li) + 1} columns")
-        start = 2 if head is not None else 1
-        ys = [check_label(r[li], labels, f"{path}:{i}") for i, r in enumerate(rows, start=start)]
+                    raise DataError(f"{path}:{line}: expected at least {max(ti, li) + 1} columns")
+        ys = [check_label(r[li], labels, f"{path}:{line}") for line, r in zip(lines, rows)]
         return TextDataset([r[ti].strip() for r in rows], ys, labels,
                            [r[pi].strip() for r in rows] if pi is not None else None)
 
@@ -97,9 +100,9 @@ def load_ag_news(opts: DataOptions, split: str) -> TextDataset:
     path = folder / f"{stem}.csv"
     with_title = (folder / "train.csv").is_file()  # else training reads the description-only subset
     if path.is_file():
-        _, rows = read_delimited(path, ",", header=False)
+        _, rows, lines = read_delimited(path, ",", header=False)
         texts, ys = [], []
-        for i, r in enumerate(rows, start=1):
+        for i, r in zip(lines, rows):
             if len(r) != 3:
                 raise DataError(f"{path}:{i}: expected 3 columns (class, title, description), got {len(r)}")
             cls = r[0].strip()
@@ -111,8 +114,8 @@ def load_ag_news(opts: DataOptions, split: str) -> TextDataset:
         return TextDataset(texts, ys, AG_NEWS_LABELS)
     alt = folder / "train_subset_10k_alps.tsv"
     if stem == "train" and alt.is_file():
-        _, rows = read_delimited(alt, "\t", header=False, quoting=csv.QUOTE_NONE)
-        ys = [check_label(r[-1], AG_NEWS_LABELS, f"{alt}:{i}") for i, r in enumerate(rows, 1)]
+        _, rows, lines = read_delimited(alt, "\t", header=False, quoting=csv.QUOTE_NONE)
+        ys = [check_label(r[-1], AG_NEWS_LABELS, f"{alt}:{i}") for i, r in zip(lines, rows)]
         return TextDataset([r[0].strip().replace("\\", " ") for r in rows], ys, AG_NEWS_LABELS)
     raise DataError(f"no AG News {split} file in {folder}: expected {stem}.csv")
 
@@ -145,10 +148,11 @@ SAMPLE_LABELS = ("negative", "positive")
 def load_sample(opts: DataOptions, split: str) -> TextDataset:
     """The bundled smoke sample (``compress/data/sample.tsv``): every fifth row is dev."""
     path = Path(str(resources.files("compress") / "data" / "sample.tsv"))
-    head, rows = read_delimited(path, "\t", quoting=csv.QUOTE_NONE)
-    keep = [r for i, r in enumerate(rows) if (i % 5 == 0) == (split in ("dev", "test"))]
-    ys = [check_label(r[1], SAMPLE_LABELS, f"{path}") for r in keep]
-    return TextDataset([r[0] for r in keep], ys, SAMPLE_LABELS)
+    head, rows, lines = read_delimited(path, "\t", quoting=csv.QUOTE_NONE)
+    keep = [(line, r) for i, (line, r) in enumerate(zip(lines, rows))
+            if (i % 5 == 0) == (split in ("dev", "test"))]
+    ys = [check_label(r[1], SAMPLE_LABELS, f"{path}:{line}") for line, r in keep]
+    return TextDataset([r[0] for _, r in keep], ys, SAMPLE_LABELS)
 
 
 def infer_labels(raw: list[str]) -> tuple[str, ...]:
@@ -159,46 +163,71 @@ def infer_labels(raw: list[str]) -> tuple[str, ...]:
     return tuple(uniq)
 
 
-def generic_loader(ext: str):
-    """``csv``/``jsonl`` tasks: ``<data-dir>/train.<ext>`` and ``dev.<ext>`` (or ``test``), columns
-    chosen with --text-column, --text-pair-column and --label-column. Labels are the sorted distinct
-    values of the train file; an eval label outside them is an error."""
+_EVAL_STEMS = ("dev", "validation", "test")
 
-    def rows_of(path: Path, opts: DataOptions) -> tuple[list[str], list[str] | None, list[str]]:
+
+def generic_loader(ext: str):
+    """``csv``/``jsonl`` tasks: ``<data-dir>/train.<ext>`` and ``dev.<ext>`` (else ``validation`` or
+    ``test``), columns chosen with --text-column, --text-pair-column and --label-column. Labels are
+    the sorted distinct values of the train file, at least two; an eval label outside them is an
+    error. Errors name the file line (a CSV header is line 1)."""
+
+    def rows_of(path: Path, opts: DataOptions
+                ) -> tuple[list[str], list[str] | None, list[str], list[int]]:
         cols = [opts.text_column, opts.label_column] + (
             [opts.text_pair_column] if opts.text_pair_column else [])
         if ext == "csv":
-            head, rows = read_delimited(path, ",")
+            head, rows, lines = read_delimited(path, ",")
             idx = [column(head, c, path) for c in cols]
             table = [[r[i] for i in idx] for r in rows]
         else:
-            table = []
-            for n, rec in enumerate(read_jsonl(path), start=1):
-                missing = [c for c in cols if c not in rec]
-                if missing:
-                    raise DataError(f"{path}:{n}: no field '{missing[0]}'; fields are {sorted(rec)} "
-                                    "(choose with --text-column/--text-pair-column/--label-column)")
-                table.append([str(rec[c]) for c in cols])
+            table, lines = [], []
+            for line, rec in read_jsonl(path):
+                table.append([_field(rec, c, path, line) for c in cols])
+                lines.append(line)
         texts = [t[0] for t in table]
         labels = [t[1].strip() for t in table]
         pairs = [t[2] for t in table] if opts.text_pair_column else None
-        return texts, pairs, labels
+        return texts, pairs, labels, lines
 
     def load(opts: DataOptions, split: str) -> TextDataset:
         if opts.data_dir is None:
             raise DataError(f"task {ext} needs --data-dir with train.{ext} and dev.{ext}")
         train_path = _split_file(opts.data_dir, "train", (ext,))
-        _, _, train_labels = rows_of(train_path, opts)
+        _, _, train_labels, _ = rows_of(train_path, opts)
         names = infer_labels(train_labels)
-        path = train_path if split == "train" else _split_file(opts.data_dir, split, (ext,))
-        texts, pairs, raw = rows_of(path, opts)
-        ys = [check_label(v, names, f"{path}:{i}") if v in names else _bad(v, names, path, i)
-              for i, v in enumerate(raw, start=1)]
+        if len(names) < 2:
+            raise DataError(f"{train_path}: every row has the label '{names[0]}'; a classifier needs "
+                            "at least two labels (add rows of the other labels, or check "
+                            "--label-column)")
+        if split == "train":
+            path = train_path
+        elif split == "dev":
+            path = _split_file(opts.data_dir, split, (ext,), stems=_EVAL_STEMS)
+        else:
+            path = _split_file(opts.data_dir, split, (ext,))
+        texts, pairs, raw, lines = rows_of(path, opts)
+        ys = [check_label(v, names, f"{path}:{line}") if v in names else _bad(v, names, path, line)
+              for line, v in zip(lines, raw)]
         return TextDataset(texts, ys, names, pairs)
 
     return load
 
 
-def _bad(value: str, names: tuple[str, ...], path: Path, i: int) -> int:
-    raise DataError(f"{path}:{i}: label '{value}' is not in the label set {list(names)} seen in the "
+def _field(rec: dict, name: str, path: Path, line: int) -> str:
+    """Field ``name`` of a JSONL object as text; a missing field, null, a list or an object is an
+    error naming the file line (``str(None)`` would train on the word "None")."""
+    if name not in rec:
+        raise DataError(f"{path}:{line}: no field '{name}'; fields are {sorted(rec)} "
+                        "(choose with --text-column/--text-pair-column/--label-column)")
+    value = rec[name]
+    if value is None or isinstance(value, (list, dict)):
+        what = "null" if value is None else f"a JSON {'array' if isinstance(value, list) else 'object'}"
+        raise DataError(f"{path}:{line}: field '{name}' is {what}; give it a string (or a number for "
+                        "the label), or drop the row")
+    return str(value)
+
+
+def _bad(value: str, names: tuple[str, ...], path: Path, line: int) -> int:
+    raise DataError(f"{path}:{line}: label '{value}' is not in the label set {list(names)} seen in the "
                     "train file (fix the row or add the label to train)")

@@ -238,6 +238,7 @@ def test_csv_written_by_csv_writer_reads_back(rows):
 @given(rows=st.lists(st.tuples(TEXT, st.sampled_from(["a", "b"])), min_size=1, max_size=6),
        ascii_only=st.booleans())
 def test_jsonl_written_by_json_dumps_reads_back(rows, ascii_only):
+    rows = rows + [("filler", "a"), ("filler", "b")]  # train needs two labels
     lines = [json.dumps({"text": t, "label": y}, ensure_ascii=ascii_only) for t, y in rows]
     with tempfile.TemporaryDirectory() as d:
         for name in ("train.jsonl", "dev.jsonl"):

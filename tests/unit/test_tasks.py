@@ -230,3 +230,77 @@ def test_ag_news_test_text_matches_what_training_reads(tmp_path):
     assert load_split(get_task("ag_news"), opts, "train").texts == ["Title here Body here."]
     with_title = load_split(get_task("ag_news"), opts, "dev").texts
     assert with_title == ["Fears for pension Unions say they are disappointed."]
+
+
+def _generic(tmp_path, task, train, evals):
+    _write(tmp_path, f"train.{task}", train)
+    for name, text in evals.items():
+        _write(tmp_path, name, text)
+    return lambda split: load_split(get_task(task), DataOptions(tmp_path), split)
+
+
+@pytest.mark.parametrize("record, needle", [
+    ('{"text": null, "label": 1}', "train.jsonl:4: field 'text' is null"),
+    ('{"text": "x", "label": null}', "train.jsonl:4: field 'label' is null"),
+    ('{"text": ["a", "b"], "label": 1}', "train.jsonl:4: field 'text' is a JSON array"),
+])
+def test_jsonl_null_or_nested_field_is_refused_naming_the_file_line(tmp_path, record, needle):
+    load = _generic(tmp_path, "jsonl", '{"text": "a", "label": 0}\n\n{"text": "b", "label": 1}\n'
+                    f"{record}\n", {"dev.jsonl": '{"text": "c", "label": 1}\n'})
+    with pytest.raises(DataError, match=needle):
+        load("train")
+
+
+@pytest.mark.parametrize("task, train", [
+    ("csv", "text,label\ngood,pos\nfine,pos\n"),
+    ("jsonl", '{"text": "good", "label": "pos"}\n{"text": "fine", "label": "pos"}\n'),
+])
+def test_a_train_file_with_a_single_label_is_refused_naming_it(tmp_path, task, train):
+    load = _generic(tmp_path, task, train, {f"dev.{task}": train})
+    for split in ("train", "dev"):
+        with pytest.raises(DataError, match=f"train.{task}: every row has the label 'pos'; a "
+                                            "classifier needs at least two labels"):
+            load(split)
+
+
+def test_jsonl_with_a_utf8_bom_reads_like_csv_with_one(tmp_path):
+    rows = '{"text": "hi", "label": 1}\n{"text": "yo", "label": 0}\n'
+    _write(tmp_path / "j", "train.jsonl", rows, encoding="utf-8-sig")
+    _write(tmp_path / "j", "dev.jsonl", rows, encoding="utf-8-sig")
+    ds = load_split(get_task("jsonl"), DataOptions(tmp_path / "j"), "dev")
+    assert ds.texts == ["hi", "yo"] and [ds.label_names[y] for y in ds.labels] == ["1", "0"]
+
+
+@pytest.mark.parametrize("task, train, dev, line", [
+    # header = line 1; a blank line and a quoted field over two lines still count as file lines
+    ("csv", "text,label\na,x\nb,y\n", 'text,label\n\n"two\nlines",x\nbad,z\n', 5),
+    ("csv", "text,label\na,x\nb,y\n", "text,label\nok,x\nbad,z\n", 3),
+    ("jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n',
+     '\n{"text": "ok", "label": "x"}\n\n{"text": "bad", "label": "z"}\n', 4),
+])
+def test_generic_errors_name_the_file_line_not_the_row(tmp_path, task, train, dev, line):
+    load = _generic(tmp_path, task, train, {f"dev.{task}": dev})
+    with pytest.raises(DataError, match=rf"dev\.{task}:{line}: label 'z' is not in the label set"):
+        load("dev")
+
+
+def test_tsv_errors_name_the_file_line(tmp_path):
+    _write(tmp_path / "sst2", "train.tsv", "sentence\tlabel\n\ngood \t1\nbad \t7\n")
+    with pytest.raises(DataError, match=r"train\.tsv:4: label '7'"):
+        load_split(get_task("sst2"), DataOptions(tmp_path), "train")
+    _write(tmp_path / "sst2", "train.tsv", "sentence\tlabel\ngood \t1\n\nbad\t1\textra\n")
+    with pytest.raises(DataError, match=r"train\.tsv:4: expected 2 columns"):
+        load_split(get_task("sst2"), DataOptions(tmp_path), "train")
+
+
+@pytest.mark.parametrize("task, train, test", [
+    ("csv", "text,label\na,x\nb,y\n", "text,label\nc,y\n"),
+    ("jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n', '{"text": "c", "label": "y"}\n'),
+])
+def test_generic_tasks_evaluate_on_test_when_there_is_no_dev(tmp_path, task, train, test):
+    load = _generic(tmp_path, task, train, {f"test.{task}": test})
+    ds = load("dev")
+    assert ds.texts == ["c"] and ds.label_names[ds.labels[0]] == "y"
+    (tmp_path / f"test.{task}").unlink()
+    with pytest.raises(DataError, match=f"expected dev.{task} or test.{task}"):
+        load("dev")
