@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from compress.api import make_pruner as api_make_pruner
 from compress.config import check_range, to_dict
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
@@ -156,7 +157,13 @@ def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_ste
             raise UsageError(f"{model_dir} is pruned in {len(left_out)} matrices that --include/--exclude "
                              f"leave out ({', '.join(left_out[:2])}); add --include for them so their "
                              "zeros are kept")
-    pruner = MagnitudePruner(targets, factory(n_steps), cfg.criterion, cfg.scope, cfg.seed, initial)
+    # the pruner of the Python API (compress.make_pruner); the schedule is rebuilt from the loop's
+    # real step count at train begin (factory)
+    pruner = api_make_pruner(module, cfg.sparsity, schedule=cfg.schedule, total_steps=n_steps,
+                             prune_steps=cfg.prune_steps, prune_every=cfg.prune_every,
+                             start_step=cfg.prune_start, initial_sparsity=cfg.initial_sparsity,
+                             power=cfg.schedule_power, criterion=cfg.criterion, scope=cfg.scope,
+                             include=cfg.include, exclude=cfg.exclude, seed=cfg.seed, initial_masks=initial)
     return pruner, _ScheduledPruningHook(pruner, module, factory)
 
 
