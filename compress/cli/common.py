@@ -41,37 +41,64 @@ def _number(kind):
     return parse
 
 
+def _help_for(f: dataclasses.Field, helps: dict[str, str], default: Any) -> str:
+    """The field's own metadata help, else the command's, else the shared text; then its choices
+    (from the registries) and its default, each said once."""
+    from compress.cli.option_help import CHOICES, FIELD_HELP
+
+    text = f.metadata.get("help") or helps.get(f.name) or FIELD_HELP.get(f.name, "")
+    choices = f.metadata.get("choices") or (CHOICES[f.name]() if f.name in CHOICES else None)
+    if choices and "choices:" not in text:
+        text = f"{text}; choices: {', '.join(choices)}" if text else f"choices: {', '.join(choices)}"
+    if "(default" not in text and "default:" not in text:
+        text = f"{text} (default: {default})" if text else f"default: {default}"
+    return text.replace("%", "%%")  # argparse formats help with %-style placeholders
+
+
 def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str, str] | None = None,
-                    positional: tuple[str, ...] = (), only: typing.Collection[str] | None = None) -> None:
+                    positional: tuple[str, ...] = (), only: typing.Collection[str] | None = None,
+                    skip: typing.Collection[str] = ()) -> None:
     """One flag per dataclass field (``foo_bar`` -> ``--foo-bar``), defaults shown from the class.
 
-    With ``only``, just those fields and no ``--config`` (extra flags of a second config class, added
-    to an argument group of a parser that already has them)."""
+    Flags go into argument groups (model and task first; then data, training, pruning,
+    distillation, question answering, output; ``compress.cli.option_help``); a command's own
+    options stay in the parser's. With ``only``, just those fields, in ``parser`` itself, and no
+    ``--config`` (extra flags of a second config class, added to an argument group of a parser that
+    already has them). ``skip`` leaves fields out (options a command does not use)."""
+    from compress.cli.option_help import GROUP_ORDER, group_of
+
     helps = helps or {}
     hints = typing.get_type_hints(cls)
     if only is None:
         parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
                             help="YAML file of options; explicit flags win over it")
-    for f in dataclasses.fields(cls):
-        if only is not None and f.name not in only:
-            continue
+    fields = [f for f in dataclasses.fields(cls) if f.name not in skip
+              and (only is None or f.name in only)]
+    groups: dict[str, Any] = {}
+    if only is None:
+        used = {group_of(cls, f.name) for f in fields if f.name not in positional}
+        for title in GROUP_ORDER:
+            if title in used:
+                groups[title] = parser.add_argument_group(title)
+        rank = {t: i for i, t in enumerate(GROUP_ORDER)}
+        fields.sort(key=lambda f: rank.get(group_of(cls, f.name), -1))  # the command's own first
+    for f in fields:
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
-        text = helps.get(f.name, "")
-        text = f"{text} (default: {default})" if text else f"default: {default}"
-        text = text.replace("%", "%%")  # argparse formats help with %-style placeholders
+        text = _help_for(f, helps, default)
         if f.name in positional:
             parser.add_argument(f.name, nargs="?", default=argparse.SUPPRESS, help=text)
             continue
+        target = groups.get(group_of(cls, f.name), parser) if only is None else parser
         flag = "--" + f.name.replace("_", "-")
         if kind is bool:
-            parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
+            target.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
         elif typing.get_origin(kind) is tuple:
-            parser.add_argument(flag, default=argparse.SUPPRESS, metavar="A,B,...", help=text)
+            target.add_argument(flag, default=argparse.SUPPRESS, metavar="A,B,...", help=text)
         elif kind in (int, float):
-            parser.add_argument(flag, type=_number(kind), default=argparse.SUPPRESS, help=text)
+            target.add_argument(flag, type=_number(kind), default=argparse.SUPPRESS, help=text)
         else:
-            parser.add_argument(flag, default=argparse.SUPPRESS, help=text)
+            target.add_argument(flag, default=argparse.SUPPRESS, help=text)
 
 
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:

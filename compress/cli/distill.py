@@ -15,13 +15,12 @@ EXAMPLES = """examples:
   compress distill --student bilstm --no-kd --teacher RUN --teacher-cache DISTILL_RUN   # baseline
   compress distill --student bilstm --student-options hidden_size=128,pooling=last --task reuters \\
       --data-dir ../shared/data --max-length 256
-  compress distill --task reqa --student dual-encoder --teacher CROSS_ENCODER_RUN \
+  compress distill --task reqa --student dual-encoder --teacher CROSS_ENCODER_RUN \\
       --data-dir ../shared/data --split-by-article 38/10     # ReQA: cross-attention mined pairs
 """
 HELPS = {
-    "student": "student architecture: bilstm, kimcnn or logreg",
+    "student": "student architecture",
     "teacher": "a fine-tuned run or model folder for the task, or 'minilm' to fine-tune one first",
-    "task": "task name (see README)",
     "student_options": "student config as KEY=VALUE,... (e.g. hidden_size=128,pooling=last; "
                        "tuples with ';': widths=3;4;5)",
     "student_embeddings": "initial embeddings: teacher, random, or a word2vec/GloVe text file",

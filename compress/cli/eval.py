@@ -1,4 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
+from compress.cli.option_help import QA_TRAINING_ONLY
 from compress.finetune import EvalConfig, run_eval
 
 HELP = "evaluate a fine-tuned model (run folder or model folder) on a task's eval split"
@@ -8,7 +9,12 @@ EXAMPLES = """examples:
 
 
 def add_arguments(parser):
-    add_config_args(parser, EvalConfig, {"model": "run folder or fine-tuned model folder"})
+    # evaluation reads the eval split only and trains nothing: no training options
+    add_config_args(parser, EvalConfig, {"model": "run folder or fine-tuned model folder",
+                                         "max_length": "tokens per example (default: the model's own, "
+                                                       "from its run)",
+                                         "batch_size": "examples per batch"},
+                    skip=("train_limit", *QA_TRAINING_ONLY))
 
 
 def run(args):

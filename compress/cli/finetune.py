@@ -9,7 +9,7 @@ EXAMPLES = """examples:
   compress finetune --task csv --data-dir mydata --text-column review --label-column stars
 """
 HELPS = {
-    "task": "task name (see README)", "model": "minilm, a model folder, a run folder or a hub name",
+    "model": "minilm, a model folder, a run folder or a hub name",
     "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
     "train_limit": "use only the first N training examples", "out": "run folder to create",
     "resume": "continue an interrupted run in --out from its last checkpoint",
