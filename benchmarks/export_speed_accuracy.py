@@ -1,4 +1,4 @@
-"""Issue 5 benchmark: is compression really faster? Export, optimize, quantize and time in one run.
+"""Is compression really faster? Export, optimize, quantize and time in one run.
 
 Given the models (paths), this script does everything itself:
 
@@ -9,19 +9,19 @@ Given the models (paths), this script does everything itself:
 2. on --task, reports dev-set accuracy of each exported model (fp32 and int8);
 3. times, in one process and run, MiniLM PyTorch fp32 (baseline) and every ONNX model at batch
    32 x length 128 and batch 1 x 128 (``compress bench``'s library function);
-4. writes ``artifacts/bench/issue5-<time>.json`` with the table, the throughput ratios against the
-   issue's targets, the accuracies, fused-op counts and the machine (matmul peak, VNNI).
+4. writes ``artifacts/bench/export-speed-accuracy-<time>.json`` with the table, the throughput
+   ratios against the targets, the accuracies, fused-op counts and the machine (matmul peak, VNNI).
 
 Example (the lead's full run)::
 
-    python benchmarks/bench_issue5.py --minilm artifacts/finetune/SST2 \\
+    python benchmarks/export_speed_accuracy.py --minilm artifacts/finetune/SST2 \\
         --structured artifacts/prune/STRUCT40 --bilstm artifacts/distill/BILSTM \\
         --kimcnn artifacts/distill/KIMCNN --logreg artifacts/distill/LR \\
         --task sst2 --data-dir ../shared/data
 
 A quick sanity run on MiniLM alone::
 
-    python benchmarks/bench_issue5.py --minilm minilm --iterations 3 --warmup 1
+    python benchmarks/export_speed_accuracy.py --minilm minilm --iterations 3 --warmup 1
 
 ``--make-structured 0.4`` prunes MiniLM structurally here when no fine-tuned structured model is
 given (speed only: such a model is not fine-tuned, so its accuracy is not comparable).
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-# throughput targets vs the PyTorch fp32 baseline at batch 32 x 128 (issue 5)
+# throughput targets vs the PyTorch fp32 baseline at batch 32 x 128
 TARGETS = {
     "MiniLM ORT fp32 optimized": 1.0,
     "MiniLM ORT int8": 1.5,
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except CompressError as exc:
-        print(f"bench_issue5: error: {exc}", file=sys.stderr)
+        print(f"export_speed_accuracy: error: {exc}", file=sys.stderr)
         return exc.exit_code
 
 
@@ -140,7 +140,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    work = out / f"issue5-{stamp}-onnx"
+    work = out / f"export-speed-accuracy-{stamp}-onnx"
     work.mkdir()
     summary: dict = {"args": vars(args), "exports": {}, "notes": []}
     accuracy = bool(args.task)
@@ -182,8 +182,8 @@ def run(args) -> int:
     cfg = BenchConfig(models=(f"{BASELINE}={args.minilm}", *(f"{lab}={p}" for lab, p in onnx_models)),
                       batch_sizes=batch_sizes, seq_lens=(args.seq_len,), warmup=args.warmup,
                       iterations=args.iterations, rounds=args.rounds, runtimes=("torch",),
-                      provider=args.provider, threads=args.threads, name="issue5",
-                      out=str(out / f"issue5-{stamp}-bench"))
+                      provider=args.provider, threads=args.threads, name="export-speed-accuracy",
+                      out=str(out / f"export-speed-accuracy-{stamp}-bench"))
     result = run_bench(cfg)
     print(format_bench(result))
     summary["bench"] = result
@@ -205,7 +205,7 @@ def run(args) -> int:
         dense = accs["minilm-int8"]["fp32"]["score"]
         summary["structured_vs_dense_points"] = {
             p: round(100 * (accs["structured-int8"][p]["score"] - dense), 2) for p in ("fp32", "int8")}
-    print(f"\nthroughput vs {BASELINE} at batch {ref_batch} x {args.seq_len} (targets from issue 5):")
+    print(f"\nthroughput vs {BASELINE} at batch {ref_batch} x {args.seq_len}:")
     for t in targets:
         ratio = f"{t['vs_baseline']:.2f}x"
         met = "met" if t["met"] else "NOT met"
@@ -216,7 +216,7 @@ def run(args) -> int:
         print(f"  accuracy {name}: {scores}")
     if "structured_vs_dense_points" in summary:
         print(f"  structured vs dense fp32 (points): {summary['structured_vs_dense_points']}")
-    path = out / f"issue5-{stamp}.json"
+    path = out / f"export-speed-accuracy-{stamp}.json"
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     print(f"-> {path} (bench run folder {result['run_dir']}, ONNX files in {work})")
     return 0
