@@ -7,7 +7,6 @@ re-running a pipeline picks up where it stopped. No algorithms here: only calls 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -33,23 +32,6 @@ def top_level(values: dict[str, Any], cls: type, sections: tuple[str, ...]):
     """The pipeline's top-level options (everything that is not a section)."""
     flat = {k.replace("-", "_"): v for k, v in values.items() if k not in sections}
     return resolve_config(cls, flat, {})
-
-
-def as_flags(cfg: Any, skip: tuple[str, ...] = ()) -> list[str]:
-    """``--foo-bar VALUE`` for every field of a config dataclass that is set (lists comma-joined)."""
-    flags: list[str] = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in skip or value is None or value == () or value is False:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif isinstance(value, tuple):
-            flags += [flag, ",".join(str(v) for v in value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 def finished(run_dir: Path) -> bool:

@@ -188,8 +188,4 @@ def eval_qa(cfg) -> dict:
     return metrics
 
 
-def squad_references(ds: QADataset) -> dict[str, list[str]]:
-    return {e.qid: list(e.answers) for e in ds.examples}
-
-
 __all__ = ["evaluate_qa", "eval_qa", "finetune_qa", "load_qa_model"]
