@@ -121,7 +121,10 @@ def _sparsity(folder: Path, run: Path | None, model, given: dict | None) -> dict
         if find_layout(model) is not None:
             from compress.measure.sparsity import sparsity_report
 
-            return sparsity_report(model)
+            try:
+                return sparsity_report(model)
+            except RuntimeError:  # per-head slicing of a layout it does not fit: no table, as measure
+                return None
     return None
 
 
@@ -212,7 +215,7 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
     elif sparsity:
         lines.append("Dense: no weight of the prunable matrices is zero.")
     else:
-        lines.append("Not measured (an architecture without a role table).")
+        lines.append("Not measured (no role table for this architecture, or its heads do not fit one).")
     lines += ["", f"## FLOPs per example (sequence length {seq_len})", ""]
     if flops:
         lines += [f"- dense: {flops['dense_flops'] / 1e9:.4f} GFLOPs ({flops['dense_macs']:,} MACs)",
