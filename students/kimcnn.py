@@ -48,13 +48,14 @@ class KimCNNStudent(Student):
         mask = padding_mask(input_ids, attention_mask)
         lengths = mask.sum(1)
         x = self.embedding(input_ids) * mask.unsqueeze(-1)
-        widest = max(self.config.widths)
-        if x.shape[1] < widest:
-            x = nn.functional.pad(x, (0, 0, 0, widest - x.shape[1]))
         x = x.transpose(1, 2)  # (batch, dim, seq)
         pooled = []
         for w, conv in zip(self.config.widths, self.convs):
-            c = torch.relu(conv(x))  # (batch, filters, seq - w + 1)
+            # Pad every batch by w - 1 zero positions, so that width w has a window however short
+            # the text (one- and two-word sentences). A pad only for batches shorter than w would be
+            # a Python branch, frozen into an exported graph at the length it was traced with; the
+            # windows this adds start past the text and are masked out below.
+            c = torch.relu(conv(nn.functional.pad(x, (0, w - 1))))  # (batch, filters, seq)
             starts = torch.arange(c.shape[-1], device=c.device)
             last_start = (lengths - w).clamp(min=0)
             valid = starts.unsqueeze(0) <= last_start.unsqueeze(1)
@@ -62,9 +63,10 @@ class KimCNNStudent(Student):
         return self.out(self.dropout(torch.cat(pooled, dim=-1)))
 
     def flops_per_example(self, seq_len: int) -> int:
-        """2 x multiply-adds: each width w has (seq_len - w + 1) windows of w x embed_dim x filters;
-        plus the output layer. ReLU, pooling and the lookup are not counted."""
+        """2 x multiply-adds, as computed: each width w has seq_len windows (the text padded by
+        w - 1) of w x embed_dim x filters; plus the output layer. ReLU, pooling and the lookup are
+        not counted."""
         cfg = self.config
-        macs = sum(max(seq_len - w + 1, 1) * w * cfg.embed_dim * cfg.num_filters for w in cfg.widths)
+        macs = sum(seq_len * w * cfg.embed_dim * cfg.num_filters for w in cfg.widths)
         macs += cfg.num_filters * len(cfg.widths) * cfg.num_labels
         return 2 * macs

@@ -470,3 +470,37 @@ def test_residual_adds_are_ordered_for_the_attention_matcher(tiny_encoder, tmp_p
     assert check_parity(loaded, path)["max_abs_diff"]["logits"] <= FP32_ATOL
     bert = load_torch_model(str(tiny_encoder("bert")))
     assert order_residual_adds(export_onnx(bert, tmp_path / "bert.onnx")) == 0
+
+
+def test_default_parity_shapes_reach_lengths_one_and_three():
+    from compress.export.onnx import DEFAULT_SHAPES
+
+    lengths = {n for _, n in DEFAULT_SHAPES}
+    assert {1, 3} <= lengths and max(lengths) > 16  # shorter and longer than the traced length 16
+    assert ExportConfig(to="m.onnx").shapes.split(",")[-2:] == ["1x1", "2x3"]
+
+
+def test_kimcnn_graph_runs_texts_shorter_than_its_widest_filter(tmp_path):
+    registry = _registry()
+    torch.manual_seed(0)
+    cfg = registry.student_config("kimcnn", {"embed_dim": 8, "num_filters": 4, "widths": (2, 3, 5)})
+    loaded = wrap_module(registry.build_student("kimcnn", cfg, 500))
+    path = export_onnx(loaded, tmp_path / "kimcnn.onnx")  # traced at length 16
+    r = check_parity(loaded, path, shapes=((1, 1), (2, 2), (1, 3), (3, 4), (2, 5), (2, 16)))
+    assert r["max_abs_diff"]["logits"] <= FP32_ATOL and r["argmax_agreement"] == 1.0
+
+
+def test_student_export_with_optimize_says_in_one_line_that_no_fusion_applies(tmp_path, capsys):
+    from compress.cli.main import main
+
+    registry = _registry()
+    torch.manual_seed(0)
+    model = registry.build_student("kimcnn", registry.student_config("kimcnn", {"embed_dim": 8}), 500)
+    registry.save_student(model, "kimcnn", tmp_path / "student", {"task": "sst2"})
+    assert main(["export", str(tmp_path / "student"), "--to", str(tmp_path / "s.onnx"), "--optimize"]) == 0
+    out = capsys.readouterr()
+    fusion = [line for line in out.out.splitlines() if "fus" in line]
+    assert fusion == ["fusion: none applies (a student has no transformer attention layers to fuse); "
+                      "the exported graph is kept unoptimized (onnxruntime still applies its own "
+                      "session-level graph optimizations)"], out.out
+    assert "Traceback" not in out.err and (tmp_path / "s.onnx").is_file()

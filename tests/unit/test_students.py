@@ -140,8 +140,8 @@ def test_flops_formulas_by_hand():
     assert lstm.flops_per_example(7) == 2 * (2 * 7 * 4 * 4 * 14 + 8 * 3 + 3 * 2)
     cnn = build_student("kimcnn", student_config("kimcnn", {"num_labels": 2, "embed_dim": 10,
                                                             "num_filters": 5}), 20)
-    # widths 3,4,5 on 7 tokens: 5, 4, 3 windows of w x 10 x 5 MACs; output 15 x 2
-    assert cnn.flops_per_example(7) == 2 * (5 * 3 * 50 + 4 * 4 * 50 + 3 * 5 * 50 + 15 * 2)
+    # widths 3,4,5 on 7 tokens padded by w - 1: 7 windows each of w x 10 x 5 MACs; output 15 x 2
+    assert cnn.flops_per_example(7) == 2 * (7 * 3 * 50 + 7 * 4 * 50 + 7 * 5 * 50 + 15 * 2)
 
 
 def test_logreg_features_equal_sklearn_tfidf():
