@@ -34,6 +34,10 @@ class PruningCallback(TrainerCallback):
     checked here, else at ``on_train_begin``. ``base_model`` (a hub id) and ``dataset`` (a name)
     are recorded in ``compress.json`` and the model card.
 
+    ``sparsity`` (after the last pruning step) joins every log record: in ``trainer_state.json``'s
+    ``log_history`` and for the callbacks after this one (the printer). The Trainer's ``report_to``
+    integrations run before user callbacks and do not see it.
+
     After training, ``callback.masks`` holds the final masks and ``callback.pruner`` the pruner.
     A resumed run (``trainer.train(resume_from_checkpoint=...)``) keeps the zeros of the loaded
     weights as initial masks, and the schedule goes on from the restored step.
