@@ -149,3 +149,26 @@ def test_match_tokenizer_inputs_drops_what_the_forward_does_not_take():
         match_tokenizer_inputs(tok, AutoModel.from_config(cfg))
         assert tok.model_input_names == expected
         assert sorted(tok("a film", "a movie").keys()) == sorted(expected)
+
+
+def test_hl_aacl_draws_its_candidate_spans_from_the_context_mask(tokenizers, monkeypatch):
+    """RoBERTa has no token_type_ids; hl-aacl's top-k spans are restricted to the windows' context
+    tokens through ``context_mask`` (from sequence_ids) instead."""
+    from transformers import AutoModelForQuestionAnswering
+
+    import compress.qa.objectives as objectives
+
+    tok = tokenizers["roberta"]
+    torch.manual_seed(0)
+    model = AutoModelForQuestionAnswering.from_config(build("roberta")[0])
+    feats = prepare_train_features(tok, [_squad_example("Eiffel Tower")], max_length=32, doc_stride=8)
+    batch = collate_features(tok, feats)
+    assert "token_type_ids" not in batch
+    seen, real = [], objectives.topk_spans
+    monkeypatch.setattr(objectives, "topk_spans", lambda *a: seen.append(a[-1]) or real(*a))
+    loss, _ = objectives.HLAACLObjective(k=5).loss(model, batch)
+    assert torch.isfinite(loss)
+    assert torch.equal(seen[0], batch["context_mask"].bool())
+    shape = batch["input_ids"].shape
+    starts, ends, _ = real(torch.randn(shape), torch.randn(shape), 5, 30, seen[0])
+    assert batch["context_mask"].gather(1, starts).all() and batch["context_mask"].gather(1, ends).all()
