@@ -47,14 +47,19 @@ def measure_flops(model: torch.nn.Module, inputs: dict[str, torch.Tensor], formu
         return int(formula), "formula"
 
 
-def format_table(rows: list[dict[str, Any]], metric: str) -> str:
-    """A fixed-width table: model, metric, parameters, FLOPs/example and FLOPs ratio to the teacher."""
+def format_table(rows: list[dict[str, Any]], metric: str, seq_len: int) -> str:
+    """A fixed-width table: model, metric, parameters, FLOPs/example (in the unit that fits) and
+    FLOPs ratio to the teacher, then a line saying the length the FLOPs were counted at."""
+    from compress.measure.report import format_flops
+
     head = f"{'model':<28} {metric:>9} {'params':>12} {'FLOPs/example':>15} {'teacher/model':>14}"
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = r.get("flops_ratio")
-        lines.append(f"{r['model']:<28} {r['score']:>9.4f} {r['params']:>12,} {r['flops']:>15,} "
+        lines.append(f"{r['model']:<28} {r['score']:>9.4f} {r['params']:>12,} {format_flops(r['flops']):>15} "
                      f"{'' if ratio is None else f'{ratio:.1f}x':>14}")
+    lines.append(f"FLOPs/example: dense, one example of {seq_len} tokens (the eval set's mean length), "
+                 "1 multiply-add = 2 FLOPs")
     return "\n".join(lines)
 
 

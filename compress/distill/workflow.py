@@ -425,6 +425,7 @@ def run_distill(cfg: DistillConfig) -> Path:
             "teacher_agreement": fidelity,
             "params": {"teacher": t_params, "student": s_params},
             "flops_per_example": {"teacher": t_flops, "student": s_flops, "seq_len": seq_len,
+                                  "seq_len_from": "the mean token length of the eval set",
                                   "teacher_source": t_src, "student_source": s_src,
                                   "unit": "FLOPs = 2 x multiply-adds, dense, batch 1",
                                   "teacher_over_student": round(t_flops / max(s_flops, 1), 2)},
@@ -441,7 +442,7 @@ def run_distill(cfg: DistillConfig) -> Path:
                 if val_ds is not None else {"rule": "last epoch"}),
         }
         run.write_summary(summary)
-        table = format_table(rows, spec.metric) + (
+        table = format_table(rows, spec.metric, seq_len) + (
             f"\nstudent-teacher agreement on {len(eval_ds)} eval examples: {fidelity['agreement']:.4f}")
         (run.path / "report.txt").write_text(table + "\n", encoding="utf-8")
         shutil.rmtree(run.path / "checkpoint", ignore_errors=True)

@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import Any
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+FLOP_UNITS = ((1e12, "TFLOPs"), (1e9, "GFLOPs"), (1e6, "MFLOPs"), (1e3, "kFLOPs"))
+
+
+def format_flops(flops: float) -> str:
+    """``flops`` in the unit that fits, 4 significant digits: 924 -> '924 FLOPs', 411200 ->
+    '411.2 kFLOPs', 2.7e9 -> '2.7 GFLOPs' (a logistic regression is not '0.0000 GFLOPs')."""
+    for scale, unit in FLOP_UNITS:
+        if abs(flops) >= scale:
+            return f"{flops / scale:.4g} {unit}"
+    return f"{flops:.4g} FLOPs"
 
 
 def cpu_vnni_flags(cpuinfo: str | None = None) -> list[str]:

@@ -125,6 +125,8 @@ def _fmt_int(n: int | None) -> str:
 
 def format_measure(r: dict[str, Any]) -> str:
     """The human-readable report printed by ``compress measure``."""
+    from compress.measure.report import format_flops
+
     p = r["params"]
     if r["kind"] == "onnx":
         zeros = (f"fp32 weight-matrix sparsity {p['float_matrix_sparsity']:.1%}; int8 weights "
@@ -140,8 +142,8 @@ def format_measure(r: dict[str, Any]) -> str:
         lines += [
             f"FLOPs per example at length {r['seq_len']} ({f['unit']})"
             + (f", {f['attention_implementation']} attention:" if f.get("attention_implementation") else ":"),
-            f"  dense      {f['dense_flops'] / 1e9:10.4f} GFLOPs ({_fmt_int(f['dense_macs'])} MACs)",
-            f"  effective  {f['effective_flops'] / 1e9:10.4f} GFLOPs (MACs with a zero weight not counted)",
+            f"  dense      {format_flops(f['dense_flops']):>14} ({_fmt_int(f['dense_macs'])} MACs)",
+            f"  effective  {format_flops(f['effective_flops']):>14} (MACs with a zero weight not counted)",
             "  by operator (dense MACs): " + ", ".join(f"{k} {v:,}" for k, v in
                                                       f["dense_macs_by_operator"].items() if v),
         ]

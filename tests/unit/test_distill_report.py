@@ -45,3 +45,43 @@ def test_bert_flops_formula_reads_distilbert_configs():
     distil = DistilBertConfig(n_layers=2, dim=32, n_heads=4, hidden_dim=64)
     bert = BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64)
     assert bert_flops_formula(distil, 8, 2) == bert_flops_formula(bert, 8, 2) == 2 * macs
+
+
+@pytest.mark.parametrize("flops, text", [
+    (0, "0 FLOPs"), (924, "924 FLOPs"), (411_200, "411.2 kFLOPs"), (22_300_000, "22.3 MFLOPs"),
+    (2_700_000_000, "2.7 GFLOPs"), (1.5e12, "1.5 TFLOPs"),
+])
+def test_flops_are_printed_in_the_unit_that_fits(flops, text):
+    from compress.measure.report import format_flops
+
+    assert format_flops(flops) == text
+
+
+def test_distill_table_states_the_length_and_prints_a_logreg_in_flops():
+    from compress.distill.report import format_table
+
+    rows = [{"model": "teacher (run)", "score": 0.9, "params": 22_000_000, "flops": 2_700_000_000,
+             "flops_ratio": 1.0},
+            {"model": "logreg (kd)", "score": 0.8, "params": 300_000, "flops": 924,
+             "flops_ratio": 2_700_000_000 / 924}]
+    table = format_table(rows, "accuracy", seq_len=10)
+    assert "2.7 GFLOPs" in table.splitlines()[2] and "924 FLOPs" in table.splitlines()[3]
+    assert "one example of 10 tokens" in table.splitlines()[-1]
+    assert "0.0000" not in table
+
+
+def test_measure_prints_a_students_flops_in_a_unit_that_fits(tmp_path, capsys):
+    import torch
+
+    from compress.cli.main import main
+    from students.registry import build_student, save_student, student_config
+
+    torch.manual_seed(0)
+    model = build_student("logreg", student_config("logreg", {"bigram_buckets": 64}), 500)
+    model.prepare([[5, 6, 7], [8, 9]])
+    save_student(model, "logreg", tmp_path / "logreg", {"task": "sst2"})
+    assert main(["measure", str(tmp_path / "logreg"), "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    dense = next(line for line in out.splitlines() if line.strip().startswith("dense"))
+    assert "FLOPs per example at length 8" in out and "0.0000" not in dense
+    assert dense.split()[2] in ("FLOPs", "kFLOPs"), dense
