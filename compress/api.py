@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 
     from compress.pruning.pruner import MagnitudePruner
 
-KD_LOSS_KINDS = ("kl", "mse")
-
-
 # ----------------------------------------------------------------------------- pruning
 
 
@@ -198,11 +195,11 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     import torch
 
     from compress.config import check_range
-    from compress.distill.losses import distillation_loss
+    from compress.distill.losses import KD_LOSS_CHOICES, distillation_loss
     from compress.errors import UsageError
 
-    if kind not in KD_LOSS_KINDS:
-        raise UsageError(f"unknown KD loss kind '{kind}'; choose one of: {', '.join(KD_LOSS_KINDS)}")
+    if kind not in KD_LOSS_CHOICES:
+        raise UsageError(f"unknown KD loss kind '{kind}'; choose one of: {', '.join(KD_LOSS_CHOICES)}")
     check_range("temperature", temperature, 0, None, lo_open=True)
     if student_logits.dim() != 2 or teacher_logits.dim() != 2:
         raise UsageError(f"kd_loss takes [batch, labels] logits; got student {tuple(student_logits.shape)}, "
