@@ -1,6 +1,7 @@
 import json
 
-HELP = "print versions, device, onnxruntime providers and the default model path"
+HELP = ("print versions, device, the onnxruntime providers that can run here (and those built in "
+        "that cannot, with why) and the default model path")
 EXAMPLES = "examples:\n  compress info\n  compress info --json\n"
 
 
@@ -16,5 +17,7 @@ def run(args):
         print(json.dumps(info, indent=2))
     else:
         for k, v in info.items():
+            if isinstance(v, dict):  # {provider: why it cannot run here}
+                v = "; ".join(f"{name}: {why}" for name, why in v.items()) or "none"
             print(f"{k:>22}: {v}")
     return 0

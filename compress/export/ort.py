@@ -6,6 +6,9 @@ model it was exported from, so evaluation and benchmarking code can call either 
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,67 @@ def available_providers() -> list[str]:
     import onnxruntime as ort
 
     return list(ort.get_available_providers())
+
+
+# providers that run only on an NVIDIA GPU, with libraries beyond onnxruntime's own (CUDA, cuDNN,
+# TensorRT); onnxruntime-gpu lists them whether or not the device and the libraries are there
+GPU_PROVIDERS: tuple[str, ...] = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def provider_load_error(provider: str) -> str | None:
+    """None when an onnxruntime session asked for ``provider`` really runs on it, else why not.
+
+    A provider whose shared libraries do not load (no TensorRT, a CUDA or cuDNN of another major
+    version) is dropped by onnxruntime, which falls back to CPU; a session on a one-node graph finds
+    that out exactly as a real session would."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", value[:1], value[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    ort.set_default_logger_severity(4)  # the failed library load is logged as an error: hide it here
+    printed = io.StringIO()  # onnxruntime prints an "EP Error" banner before it falls back to CPU
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            session = ort.InferenceSession(model.SerializeToString(), opts,
+                                           providers=list(dict.fromkeys([provider, "CPUExecutionProvider"])))
+    except Exception as exc:  # noqa: BLE001 - any failure to create the session is the answer
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    finally:
+        ort.set_default_logger_severity(2)  # onnxruntime's default (warnings)
+    if provider not in session.get_providers():
+        said = re.search(r"EP Error .*?\) (.+?) when using", " ".join(printed.getvalue().split()))
+        return (said.group(1)[:300] if said else
+                "onnxruntime could not load it (its CUDA, cuDNN or TensorRT libraries are missing)")
+    return None
+
+
+def unusable_providers(available: list[str] | None = None, cuda_device: bool | None = None,
+                       load_error=provider_load_error) -> dict[str, str]:
+    """{provider: why it cannot run here} for the providers onnxruntime lists but cannot use: the
+    GPU providers without a CUDA device, or whose libraries do not load."""
+    available = available_providers() if available is None else available
+    cuda_device = torch.cuda.is_available() if cuda_device is None else cuda_device
+    out = {}
+    for p in available:
+        if p not in GPU_PROVIDERS:
+            continue
+        if not cuda_device:
+            out[p] = "no CUDA device (torch.cuda.is_available() is False)"
+        elif (why := load_error(p)) is not None:
+            out[p] = why
+    return out
+
+
+def usable_providers(available: list[str] | None = None, cuda_device: bool | None = None,
+                     load_error=provider_load_error) -> list[str]:
+    """The providers onnxruntime lists that can actually run on this machine, in its order."""
+    available = available_providers() if available is None else available
+    bad = unusable_providers(available, cuda_device, load_error)
+    return [p for p in available if p not in bad]
 
 
 def default_provider(available: list[str] | None = None, cuda_device: bool | None = None) -> str:
