@@ -49,7 +49,45 @@ def resolve_model(spec: str) -> str:
     looks_local = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
     if looks_local:
         raise ModelError(f"model folder not found: {spec} (check the path, or use 'minilm')")
+    check_hub_reachable(spec)
     return spec  # a hub id
+
+
+HUB_HOST = "huggingface.co"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a malformed id is not cached
+        return False
+
+
+def _hub_answers(timeout: float) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((HUB_HOST, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_hub_reachable(repo_id: str, timeout: float = 1.5) -> None:
+    """A hub name that is not in the local cache needs the hub: refuse it at once when offline
+    (``HF_HUB_OFFLINE=1``) or when the hub does not answer within ``timeout`` seconds, instead of
+    letting the download retry for half a minute."""
+    import os
+
+    if _in_hub_cache(repo_id):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline or not _hub_answers(timeout):
+        why = "HF_HUB_OFFLINE is set" if offline else f"{HUB_HOST} does not answer"
+        raise ModelError(f"'{repo_id}' is neither a local folder nor a cached hub model, and {why}; "
+                         "pass a local model folder, a run folder or 'minilm'")
 
 
 def check_safetensors_file(path: Path, fix: str = COPY_AGAIN) -> None:

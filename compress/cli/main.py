@@ -63,6 +63,30 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+# Flags naming a model that a command loads: checked before any heavy import, so an unknown name
+# with no hub to ask answers in a second or two (compress.models.resolve_model).
+MODEL_FLAGS = {"finetune": ("model",), "eval": ("model",), "prune": ("model", "teacher"),
+               "distill": ("teacher",)}
+
+
+def check_model_flags(argv: list[str]) -> None:
+    """Resolve the typed model flags of ``argv`` before the full parser is built: building it
+    imports every command's workflow (torch, scikit-learn), seconds that a wrong name should not
+    wait for."""
+    if not argv or argv[0] not in MODEL_FLAGS:
+        return
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in MODEL_FLAGS[argv[0]]:
+        pre.add_argument("--" + name)
+    known, _ = pre.parse_known_args(argv[1:])
+    from compress.models import resolve_model
+
+    for name in MODEL_FLAGS[argv[0]]:
+        value = getattr(known, name, None)
+        if value and value != "self":
+            resolve_model(value)
+
+
 def quiet_libraries() -> None:
     """Hide the Hugging Face load reports (tables of MISSING keys), warnings and weight-loading
     bars, and the training bar when stderr is not a terminal (a log file would fill with carriage
@@ -80,6 +104,12 @@ def quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_model_flags(argv)
+    except CompressError as exc:
+        print(f"compress {argv[0]}: error: {one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

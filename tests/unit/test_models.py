@@ -32,12 +32,43 @@ def test_missing_local_path_and_bad_folder(tmp_path):
         resolve_model(str(tmp_path))
 
 
-def test_hub_name_is_passed_through_and_fails_offline_with_one_line(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_a_hub_name_is_passed_through_when_the_hub_can_answer(monkeypatch):
+    import compress.models as models
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_answers", lambda timeout: True)
     assert resolve_model("google-bert/bert-base-uncased") == "google-bert/bert-base-uncased"
-    with pytest.raises(ModelError, match="could not load model 'google-bert/bert-base-uncased'") as e:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a cached model is used offline
+    monkeypatch.setattr(models, "_in_hub_cache", lambda repo: True)
+    assert resolve_model("google-bert/bert-base-uncased") == "google-bert/bert-base-uncased"
+
+
+@pytest.mark.parametrize("offline, answers, why", [("1", True, "HF_HUB_OFFLINE is set"),
+                                                   ("", False, "huggingface.co does not answer")])
+def test_an_uncached_hub_name_without_a_hub_is_one_line_at_once(monkeypatch, offline, answers, why):
+    import compress.models as models
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(models, "_hub_answers", lambda timeout: answers)
+    with pytest.raises(ModelError) as e:
         load_classifier("google-bert/bert-base-uncased", ("a", "b"))
-    assert "\n" not in str(e.value)
+    msg = str(e.value)
+    assert "'google-bert/bert-base-uncased' is neither a local folder nor a cached hub model" in msg
+    assert why in msg and "\n" not in msg
+
+
+def test_the_cli_checks_the_model_name_before_building_its_parser(monkeypatch, capsys):
+    import compress.cli.main as cli
+
+    def never(*a, **k):
+        raise AssertionError("the full parser (every workflow import) was built first")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(cli, "build_parser", never)
+    assert cli.main(["prune", "--sparsity", "0.4", "--model", "nosuchmodel"]) == 1
+    assert cli.main(["distill", "--teacher=nosuchmodel"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("'nosuchmodel' is neither a local folder" in line for line in err)
 
 
 def test_fresh_head_and_strict_labels(tiny_bert):
