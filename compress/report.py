@@ -187,7 +187,11 @@ def _section_metric_vs_sparsity(data, out_dir: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for v in variants:
             pts = sorted((s, best[(task, v, s)]["score"]) for t, vv, s in best if t == task and vv == v)
-            ax.plot([_percent(s) for s, _ in pts], [100 * y for _, y in pts], marker="o", label=v)
+            # a +kd twin (distillation-aware pruning) dashed, in its base variant's colour
+            base = v[:-len("+kd")] if v.endswith("+kd") else v
+            color = f"C{sorted({x[:-3] if x.endswith('+kd') else x for x in variants}).index(base) % 10}"
+            ax.plot([_percent(s) for s, _ in pts], [100 * y for _, y in pts], marker="o", label=v,
+                    color=color, linestyle="--" if v.endswith("+kd") else "-")
         ax.set_xlabel(SPARSITY_AXIS)
         ax.set_ylabel(f"dev {metric[task]} (%)")
         ax.set_title(f"{task}: dev {metric[task]} vs sparsity")

@@ -17,6 +17,11 @@ Variants (``VARIANTS``): ``magnitude`` and ``random`` (the criterion), ``informa
 (the magnitude-pruned pre-trained model fine-tuned with its zeros free to regrow) and
 ``after-finetune`` (fine-tune dense, then prune and recover on the task). At sparsity 0 every
 variant is the same dense model, so the grid holds one shared dense cell per task and rate.
+
+``--teacher`` adds a distillation-aware twin (``<variant>+kd``, ``compress prune --teacher``) of
+every cell pruned on the task: ``--teacher self`` distils each after-finetune cell from its own
+dense phase; ``--teacher RUN`` (a model fine-tuned on the task) is the teacher of every such cell.
+Cells pruned during pre-training have no twin (the masked-LM stage has no task logits to distil).
 """
 
 from __future__ import annotations
@@ -59,6 +64,16 @@ VARIANTS: dict[str, Variant] = {
     "after-finetune": Variant("magnitude", "fine-tune dense, then prune and recover on the task",
                               after_finetune=True),
 }
+
+
+KD_SUFFIX = "+kd"
+
+
+def kd_twin_applies(v: Variant, cfg: SweepConfig) -> bool:
+    """Whether a variant's pruned cells get a ``+kd`` twin under ``cfg.teacher``."""
+    if cfg.teacher is None or (cfg.pretrain_corpus and not v.after_finetune):
+        return False  # pruned during pre-training: no task logits to distil
+    return v.after_finetune or cfg.teacher != "self"
 
 
 def get_variant(name: str) -> Variant:
@@ -138,9 +153,17 @@ class SweepConfig:
     jobs: int = 1
     out: str | None = None
     runner: str | None = None
+    teacher: str | None = None
 
     def __post_init__(self):
         parse_sparsities(self.sparsities)
+        if self.teacher is not None:
+            twins = [v for v in self.variants if kd_twin_applies(get_variant(v), self)]
+            if not twins:
+                need = ("after-finetune variants (--teacher self distils from their dense phase)"
+                        if self.teacher == "self" else "variants pruned on the task")
+                raise UsageError(f"--teacher {self.teacher} adds KD twins to {need}, and --variants "
+                                 f"{','.join(self.variants)} has none; add --variants after-finetune")
         if not self.tasks:
             raise UsageError("--tasks is empty; pass e.g. sst2,rte")
         if not self.variants:
@@ -262,17 +285,26 @@ def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
                         else:
                             argv, deps = ["finetune", "--model", model, *flags], ()
                         add(Cell(name, "downstream", (*argv, "--out", str(sweep_dir / name)), deps, info))
+                        if kd_twin_applies(v, cfg):  # the twin's curve starts at the same dense point
+                            add(Cell(name, "downstream", (*argv, "--out", str(sweep_dir / name)), deps,
+                                     {**info, "variants": [vname + KD_SUFFIX]}))
                     elif v.after_finetune or not pretrain:
                         # after-finetune starts from the same (continued pre-trained) dense model
                         # as the sparsity-0 cell, so the two are comparable
                         stage = "after-finetune" if v.after_finetune else "finetune"
-                        name = "ft-" + tag.format(vname)
                         deps = (pretrain_cell(0.0, v.criterion),) if pretrain else ()
                         start = str(sweep_dir / deps[0]) if deps else model
-                        argv = ["prune", "--stage", stage, "--sparsity", repr(s), "--criterion",
-                                v.criterion, "--schedule", cfg.schedule, "--model", start, *flags,
-                                "--out", str(sweep_dir / name)]
-                        add(Cell(name, "downstream", tuple(argv), deps, info))
+                        twins = [("", [])]
+                        if kd_twin_applies(v, cfg):
+                            teacher = cfg.teacher if cfg.teacher == "self" else _model_arg(cfg.teacher)
+                            twins.append((KD_SUFFIX, ["--teacher", teacher]))
+                        for suffix, kd_flags in twins:
+                            name = "ft-" + tag.format(vname + suffix)
+                            argv = ["prune", "--stage", stage, "--sparsity", repr(s), "--criterion",
+                                    v.criterion, "--schedule", cfg.schedule, "--model", start, *flags,
+                                    *kd_flags, "--out", str(sweep_dir / name)]
+                            add(Cell(name, "downstream", tuple(argv), deps,
+                                     {**info, "variants": [vname + suffix]}))
                     else:
                         dep = pretrain_cell(s, v.criterion)
                         name = "ft-" + tag.format(vname)

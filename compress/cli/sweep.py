@@ -14,6 +14,9 @@ HELPS = {
     "sparsities": "numbers and START:STOP:STEP ranges (STOP included), e.g. 0,0.2 or 0:0.9:0.1",
     "tasks": "comma-separated task names", "lrs": "fine-tuning learning rates (best one is reported)",
     "variants": "comma-separated, from: " + ", ".join(VARIANTS),
+    "teacher": "add a distillation-aware twin (<variant>+kd, prune --teacher) of every cell pruned "
+               "on the task: 'self' (after-finetune cells distil from their dense phase) or a run "
+               "fine-tuned on the task",
     "pretrain_corpus": "prune during masked-LM pre-training on this text first (file(s) or folder)",
     "pretrain_steps": "optimizer steps of each pre-training cell",
     "jobs": "cells run at once (each gets cores/jobs threads)",

@@ -105,6 +105,35 @@ def test_plan_shares_dense_cell_and_orders_dependencies(tmp_path):
     assert all(not c.deps for c in plain)
 
 
+def test_teacher_adds_a_kd_twin_of_every_cell_pruned_on_the_task(tmp_path):
+    cfg = SweepConfig(sparsities=("0", "0.6"), tasks=("sst2",), variants=("magnitude", "after-finetune"),
+                      teacher="self")
+    plan = {c.name: c for c in build_plan(cfg, tmp_path)}
+    # self: only after-finetune cells have a dense phase to distil from
+    assert sorted(plan) == ["ft-sst2-after-finetune+kd-s60-lr5e-05", "ft-sst2-after-finetune-s60-lr5e-05",
+                            "ft-sst2-dense-lr5e-05", "ft-sst2-magnitude-s60-lr5e-05"]
+    twin = plan["ft-sst2-after-finetune+kd-s60-lr5e-05"]
+    base = plan["ft-sst2-after-finetune-s60-lr5e-05"]
+    i = twin.argv.index("--teacher")
+    assert twin.argv[i + 1] == "self" and "--teacher" not in base.argv
+    assert [a for a in twin.argv if a not in ("--teacher", "self")][:-1] == list(base.argv)[:-1]
+    assert twin.info["variants"] == ["after-finetune+kd"]
+    # the twin's curve starts at the shared dense cell
+    assert "after-finetune+kd" in plan["ft-sst2-dense-lr5e-05"].info["variants"]
+    # a fine-tuned teacher run: every variant pruned on the task gets a twin, with the path resolved
+    run = tmp_path / "teacher"
+    run.mkdir()
+    plan = build_plan(SweepConfig(sparsities=("0.6",), tasks=("sst2",), variants=("magnitude", "random"),
+                                  teacher=str(run)), tmp_path)
+    kd = [c for c in plan if c.name.endswith("+kd-s60-lr5e-05") or "+kd" in c.name]
+    assert len(kd) == 2 and all(c.argv[c.argv.index("--teacher") + 1] == str(run.resolve()) for c in kd)
+
+
+def test_teacher_self_without_an_after_finetune_variant_is_refused():
+    with pytest.raises(UsageError, match="--teacher self adds KD twins to after-finetune variants"):
+        SweepConfig(sparsities=("0.6",), variants=("magnitude",), teacher="self")
+
+
 def test_close_sparsities_get_cells_of_their_own(tmp_path):
     plan = build_plan(SweepConfig(sparsities=("0.99991", "0.99994", "0.4"), tasks=("sst2",),
                                   variants=("magnitude",), lrs=(2e-5,)), tmp_path)
