@@ -89,6 +89,25 @@ def resolve_config(cls: type[C], file_values: dict[str, Any] | None, flag_values
         raise UsageError(str(exc)) from None
 
 
+def explicit_fields(cls: type, file_values: dict[str, Any] | None, flag_values: dict[str, Any]
+                    ) -> set[str]:
+    """The fields of ``cls`` the user set: every flag given (whatever its value) and every key of
+    the config file whose value differs from the default (a run's resolved ``config.yaml`` lists
+    every field, defaults included). For refusing options that do not apply: a config dataclass
+    cannot tell a default from the same value typed."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    out = {k for k in flag_values if k in fields}
+    for key, value in (file_values or {}).items():
+        f = fields.get(key)
+        if f is None:
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if _coerce(key, value, hints[key]) != default:
+            out.add(key)
+    return out
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A plain, YAML-safe dict of a config dataclass (tuples become lists, paths strings)."""
     out = {}

@@ -191,6 +191,13 @@ class RunDir:
                 self.final = artifacts_root() / command / f"{stamp}-{name}-{n}"
                 n += 1
         self.path = self._tmp_for(self.final)
+        if resume and not self.path.is_dir():  # resuming nothing would silently start afresh
+            if self.final.is_dir():
+                raise UsageError(f"{self.final} is a finished run: there is nothing to resume (drop "
+                                 "--resume, and choose a new --out for a new run)")
+            raise UsageError(f"no interrupted run to resume at {self.final} (no {self.path.name} "
+                             "folder); pass the --out the interrupted run was started with, or drop "
+                             "--resume to start a new run")
         self.resume = resume
         self.resumed = False
         self._phases_done: dict[str, dict] = {}

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from compress.config import load_yaml, resolve_config
+from compress.config import explicit_fields, load_yaml, resolve_config
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -101,7 +101,18 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str,
             target.add_argument(flag, default=argparse.SUPPRESS, help=text)
 
 
-def config_from_args(cls: type, args: argparse.Namespace) -> Any:
+def _typed_and_file_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
     values = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "verbose")}
     file_values = load_yaml(args.config) if getattr(args, "config", None) else None
+    return values, file_values
+
+
+def config_from_args(cls: type, args: argparse.Namespace) -> Any:
+    values, file_values = _typed_and_file_values(args)
     return resolve_config(cls, file_values, values)
+
+
+def explicit_options(cls: type, args: argparse.Namespace) -> set[str]:
+    """The fields of ``cls`` the user set, by a flag or in ``--config`` (``explicit_fields``)."""
+    values, file_values = _typed_and_file_values(args)
+    return explicit_fields(cls, file_values, values)

@@ -1,7 +1,11 @@
+import dataclasses
 import json
 
-from compress.cli.common import add_config_args, config_from_args
+from compress.cli.common import add_config_args, config_from_args, explicit_options
+from compress.errors import UsageError
+from compress.finetune import TaskDataConfig
 from compress.prune import PruneConfig, run_prune
+from compress.qa.options import QAOptions
 
 HELP = "magnitude-prune a BERT encoder during pre-training, fine-tuning, or after fine-tuning"
 EXAMPLES = """examples:
@@ -57,10 +61,45 @@ def add_arguments(parser):
     add_config_args(parser, PruneConfig, HELPS)
 
 
+# What --stage pretrain never reads: it trains a masked LM on --corpus and evaluates its held-out
+# loss, with no task and no task data (PruneConfig itself refuses --teacher there, and
+# TeacherKDOptions the KD options without --teacher).
+PRETRAIN_IGNORES = ({f.name for f in dataclasses.fields(TaskDataConfig)} - {"model", "out", "name"}
+                    | {f.name for f in dataclasses.fields(QAOptions)})
+# What --structured never reads: it removes the lowest-L2 heads / FFN neurons, ranked across layers,
+# once (at the start of training, of recovery after-finetune, or after the dense masked-LM phase);
+# --schedule oneshot says just that and is accepted.
+STRUCTURED_IGNORES = ("schedule", "prune_steps", "prune_every", "prune_start", "initial_sparsity",
+                      "schedule_power", "scope", "include", "exclude")
+
+
+def refuse_ignored_options(cfg: PruneConfig, given: set[str]) -> None:
+    """UsageError naming every option the user set (``given``: typed, or in --config) that the
+    configured run would silently ignore; defaults are never refused."""
+    ignored: dict[str, list[str]] = {}
+    if cfg.stage == "pretrain":
+        why = ("--stage pretrain (a masked LM on --corpus: no task or task data; fine-tune the "
+               "pruned model on a task afterwards)")
+        ignored[why] = sorted(given & PRETRAIN_IGNORES)
+    if cfg.structured:
+        why = ("--structured (whole heads/FFN neurons removed once by L2 norm ranked across "
+               "layers: no schedule, scope or --include/--exclude)")
+        ignored[why] = [f for f in STRUCTURED_IGNORES if f in given
+                        and not (f == "schedule" and cfg.schedule == "oneshot")]
+    parts = [f"{', '.join('--' + f.replace('_', '-') for f in fields)} "
+             f"{'does' if len(fields) == 1 else 'do'} not apply with {why}"
+             for why, fields in ignored.items() if fields]
+    if parts:
+        n = sum(len(fields) for fields in ignored.values())
+        raise UsageError("; ".join(parts) + ("; remove it" if n == 1 else "; remove them"))
+
+
 def run(args):
     from compress.measure.sparsity import format_sparsity_table
 
-    path = run_prune(config_from_args(PruneConfig, args))
+    cfg = config_from_args(PruneConfig, args)
+    refuse_ignored_options(cfg, explicit_options(PruneConfig, args))
+    path = run_prune(cfg)
     report = json.loads((path / "sparsity.json").read_text(encoding="utf-8"))
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     print(format_sparsity_table(report))

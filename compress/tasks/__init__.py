@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from compress.errors import UsageError
-from compress.tasks.base import DataOptions, TaskSpec, TextDataset, data_dir_from_env
+from compress.tasks.base import DataOptions, TaskSpec, TextDataset, data_dir_from_env, refuse_column_options
 from compress.tasks.classification import (
     AG_NEWS_LABELS,
     MOVIE_LABELS,
@@ -54,9 +54,11 @@ TASKS: dict[str, TaskSpec] = {
     "reuters": TaskSpec("reuters", "multilabel", "micro_f1", load_reuters, eval_split="test",
                         description="Reuters-21578 ModApte, 90 topics, multi-label (micro-F1)"),
     "csv": TaskSpec("csv", "classification", "accuracy", generic_loader("csv"),
-                    description="generic CSV: train.csv/dev.csv with --text-column/--label-column"),
+                    description="generic CSV: train.csv/dev.csv with --text-column/--label-column",
+                    reads_columns=True),
     "jsonl": TaskSpec("jsonl", "classification", "accuracy", generic_loader("jsonl"),
-                      description="generic JSONL: train.jsonl/dev.jsonl with --text-column/--label-column"),
+                      description="generic JSONL: train.jsonl/dev.jsonl with --text-column/--label-column",
+                      reads_columns=True),
     "squad": TaskSpec("squad", "qa", "f1", load_squad, hub="rajpurkar/squad",
                       description="SQuAD v1.1 extractive QA (any SQuAD-format JSON); official EM/F1; "
                                   "--split-by-article 38/10 splits the dev file"),
@@ -72,7 +74,9 @@ def get_task(name: str) -> TaskSpec:
 
 
 def load_split(spec: TaskSpec, opts: DataOptions, split: str) -> TextDataset:
-    """Load one split and refuse an empty one."""
+    """Load one split and refuse an empty one, and column options the task's loader would ignore."""
+    if not spec.reads_columns:
+        refuse_column_options(opts, spec.name)
     ds = spec.load(opts, split)
     if len(ds) == 0:
         raise UsageError(f"task {spec.name}: split '{split}' has no examples")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compress.errors import DataError
+from compress.errors import DataError, UsageError
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,24 @@ class TaskSpec:
     hub: str | None = None
     description: str = ""
     local_dirs: tuple[str, ...] = field(default_factory=tuple)
+    #: its loader reads the --text-column, --text-pair-column and --label-column of the user's files
+    reads_columns: bool = False
+
+
+COLUMN_OPTIONS = ("text_column", "text_pair_column", "label_column")
+
+
+def refuse_column_options(opts: DataOptions, task: str) -> None:
+    """UsageError for a column option (--text-column, --text-pair-column, --label-column) set to
+    other than its default for ``task``, whose loader reads its own layout and would ignore it
+    (a pair column on the sentiment sample would train on single sentences without a word)."""
+    for name in COLUMN_OPTIONS:
+        value = getattr(opts, name)
+        if value != DataOptions.__dataclass_fields__[name].default:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {value} does not apply to task {task}, which reads its own "
+                             f"columns; it names a column of your files with --task csv or jsonl "
+                             f"(drop {flag})")
 
 
 def data_dir_from_env(data_dir: str | Path | None) -> Path | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compress.errors import DataError, UsageError
-from compress.tasks.base import DataOptions
+from compress.tasks.base import DataOptions, refuse_column_options
 
 SQUAD_DIRS = ("squad_v1.1", "squad", "squad_v1")
 SPLIT_FILES = {"train": ("train-v1.1.json", "train.json"), "dev": ("dev-v1.1.json", "dev.json")}
@@ -180,6 +180,7 @@ def select_articles(ds: QADataset, first: int, count: int) -> QADataset:
 def load_squad_split(opts: DataOptions, split: str, split_by_article: str | None = None,
                      skip_bad_examples: bool = False) -> QADataset:
     """One split. With ``split_by_article`` both splits come from the dev file, cut by article."""
+    refuse_column_options(opts, "squad")
     cut = parse_split_by_article(split_by_article)
     if cut is None:
         if opts.data_dir is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compress.errors import DataError
-from compress.tasks.base import DataOptions
+from compress.tasks.base import DataOptions, refuse_column_options
 from compress.tasks.qa import QADataset, load_squad_split
 
 
@@ -107,6 +107,7 @@ def build_reqa(qa: QADataset, data_dir: Path | None = None) -> ReQADataset:
 
 def load_reqa_split(opts: DataOptions, split: str, split_by_article: str | None = None,
                     skip_bad_examples: bool = False) -> ReQADataset:
+    refuse_column_options(opts, "reqa")
     qa = load_squad_split(opts, split, split_by_article, skip_bad_examples)
     return build_reqa(qa, opts.data_dir)
 

@@ -92,10 +92,13 @@ def test_resume_refuses_different_options_and_records_the_resume(tmp_path):
     assert env["seed"] == 1 and len(env["resumes"]) == 1
 
 
-def test_resume_of_a_run_that_never_started_is_a_fresh_run(tmp_path):
-    with RunDir("x", out=tmp_path / "r", resume=True) as run:
-        assert not run.resumed
-    assert (tmp_path / "r").is_dir()
+def test_resume_of_a_run_that_never_started_is_refused_naming_the_fix(tmp_path):
+    with pytest.raises(UsageError, match="no interrupted run to resume at .*drop --resume"):
+        RunDir("x", out=tmp_path / "r", resume=True)
+    (tmp_path / "done").mkdir()
+    with pytest.raises(UsageError, match="is a finished run: there is nothing to resume"):
+        RunDir("x", out=tmp_path / "done", resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done"]
 
 
 @pytest.mark.parametrize("out, needle", [("file.txt", "is an existing file"),
