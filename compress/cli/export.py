@@ -7,6 +7,8 @@ EXAMPLES = """examples:
   compress export artifacts/finetune/RUN --to sst2.onnx --optimize
   compress export artifacts/finetune/RUN --to sst2-int8.onnx --optimize --quantize int8 \\
       --task sst2 --data-dir ../shared/data          # also dev accuracy fp32 vs int8
+  compress export artifacts/finetune/RUN --to sst2-fp16.onnx --precision fp16 --provider cuda \\
+      --task sst2 --data-dir ../shared/data          # fused, float16 inside, float32 in and out
   compress export artifacts/distill/RUN --to bilstm.onnx
 """
 HELPS = {"model": "model folder, run folder, student folder or 'minilm'",
@@ -14,11 +16,16 @@ HELPS = {"model": "model folder, run folder, student folder or 'minilm'",
          "optimize": "run onnxruntime's transformer optimizer (attention fusion; counts reported)",
          "quantize": "int8: dynamic int8 quantization with its own looser parity check",
          "per_channel": "int8 scale per output column of each weight matrix (default: one per matrix)",
+         "precision": "fp32, or fp16/bf16: optimized (fused) first, then converted; float32 inputs "
+                      "and outputs, its own parity tolerance",
          "atol": "fp32 parity tolerance (max absolute difference of logits)",
+         "half_atol": "fp16/bf16 parity tolerance (max absolute difference of logits; default 0.05 "
+                      "for fp16, 0.4 for bf16)",
          "int8_atol": "int8 parity tolerance (max absolute difference of logits)",
          "shapes": "BATCHxLENGTH shapes the parity check runs on",
          "provider": "onnxruntime provider for the checks: cpu, cuda, auto or a full name",
-         "task": "also report this task's dev-set metric for fp32 and int8",
+         "task": "also report this task's dev-set metric for fp32 and int8/fp16/bf16 (and, for "
+                 "fp16/bf16, the argmax agreement with fp32)",
          "data_dir": "folder holding the task's files", "eval_limit": "use only the first N dev examples",
          "max_length": "tokenizer max length for --task (default: the model's)"}
 
@@ -31,21 +38,37 @@ def run(args):
     report = run_export(config_from_args(ExportConfig, args))
     lines = [f"exported {report['kind']} model -> {report['file']} ({report['bytes'] / 1e6:.2f} MB); "
              f"inputs {', '.join(report['inputs'])}; dynamic batch and sequence axes"]
-    for key in ("parity_fp32", "parity_optimized", "parity_int8"):
+    for key in ("parity_fp32", "parity_optimized", "parity_int8", "parity_fp16", "parity_bf16"):
         if key in report:
             p = report[key]
+            if "skipped" in p:
+                lines.append(f"parity {p['label']}: not run: {p['skipped']}")
+                continue
             lines.append(f"parity {p['label']}: max |diff| {max(p['max_abs_diff'].values()):.3g} "
                          f"<= {p['atol']:g} on {len(p['shapes'])} shapes; argmax agreement "
                          f"{p['argmax_agreement']:.1%}")
     if report.get("fused_ops"):  # nothing fused: the fusion line alone says so, and why
         fused = ", ".join(f"{k} {v}" for k, v in report["fused_ops"].items())
         lines.append(f"fused ops: {fused}")
+    if "half" in report:
+        h = report["half"]
+        kept = f"; kept in float32: {', '.join(h['float32_ops'])}" if h["float32_ops"] else ""
+        lines.append(f"{h['precision']}: {h['half_initializers']} {h['precision']} initializers, "
+                     f"{h['float32_initializers']} float32{kept}; float32 inputs and outputs")
     if "fusion" in report:
         lines.append(f"fusion: {report['fusion']}")
     if "accuracy" in report:
         acc = report["accuracy"]
-        scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in ("fp32", "int8") if k in acc)
+        scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in ("fp32", "int8", "fp16", "bf16")
+                           if k in acc and "score" in acc[k])
         lines.append(f"{acc['task']} {acc['metric']}: {scores} on {acc['fp32']['n']} dev examples")
+        for k in ("fp16", "bf16"):
+            if k in acc and "skipped" in acc[k]:
+                lines.append(f"{k} dev accuracy not run: {acc[k]['skipped']}")
+            elif k in acc:
+                agree, diff = acc[k]["argmax_agreement"], acc[k]["max_abs_diff"]
+                lines.append(f"{k} vs fp32 on the dev set: argmax agreement {agree:.2%}, "
+                             f"max |diff| of logits {diff:.3g}")
     lines.append(f"report -> {report['report']}")
     print("\n".join(lines))
     return 0

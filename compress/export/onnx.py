@@ -18,14 +18,22 @@
   mask and compared with PyTorch; every mismatch is collected, then one ParityError names each
   output, its max difference and the shapes. fp32 tolerance 1e-4 (absolute, on logits); int8
   models get a looser stated tolerance (``INT8_ATOL``) plus the argmax agreement.
+* ``--precision fp16|bf16`` writes a half-precision graph with float32 inputs and outputs (Cast
+  nodes at the boundary): the exported graph is optimized first where a fusion applies (fused
+  Attention is what the GPU's half-precision kernels run fastest), then converted
+  (``convert_to_half``). Its parity check has its own tolerance (``FP16_ATOL``, ``BF16_ATOL``). A
+  provider that cannot run the graph at all (onnxruntime's CPU provider has no bfloat16 kernels)
+  is said in one line; the file is still written, checked by ``onnx.checker``.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import logging
+import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,18 @@ DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((1, 8), (2, 16), (3, 37), (1, 1),
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 STUDENT_INPUTS = ("input_ids", "attention_mask")
 QUANTIZE_CHOICES = ("int8",)
+PRECISION_CHOICES = ("fp32", "fp16", "bf16")
+# logits, absolute. Half precision rounds every activation: float16 keeps 11 significant bits,
+# bfloat16 8, so bfloat16's tolerance is about 8x float16's. Both catch a broken graph (a wrong Cast,
+# an overflow to inf, NaN); the dev-set argmax agreement (--task) measures the quality cost.
+FP16_ATOL = 0.05
+BF16_ATOL = 0.4
+HALF_ATOL = {"fp16": FP16_ATOL, "bf16": BF16_ATOL}
+# Kept in float32 (Cast nodes around them) in a bfloat16 graph, besides float16.py's default block
+# list: onnxruntime's CUDA provider registers EmbedLayerNormalization for float and float16 only
+# (contrib_ops/cuda/cuda_contrib_kernels.cc), while MatMul, Gemm, Attention, LayerNormalization,
+# SkipLayerNormalization and the Gelu family have bfloat16 kernels there.
+BF16_FLOAT32_OPS: tuple[str, ...] = ("EmbedLayerNormalization",)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -244,6 +264,46 @@ def check_parity(loaded: LoadedModel, onnx_path: str | Path, shapes=DEFAULT_SHAP
             "max_abs_diff": worst, "argmax_agreement": agree / total if total else 1.0}
 
 
+def half_session_error(onnx_path: str | Path, provider: str) -> str | None:
+    """None when ``provider`` can run the (half-precision) graph, else onnxruntime's reason in one line.
+
+    onnxruntime refuses at session creation a node no kernel of the provider can run (its CPU
+    provider has no bfloat16 MatMul; float16 nodes without a CPU kernel it runs in float32 through
+    inserted Casts). Any other failure is raised as ModelError, as ``OrtModel`` does.
+    """
+    from compress.export.ort import OrtModel
+
+    try:
+        OrtModel(onnx_path, provider=provider)
+    except ModelError as exc:
+        text = str(exc)
+        if "NOT_IMPLEMENTED" not in text and "Could not find an implementation" not in text:
+            raise
+        node = re.search(r"implementation for (\S+\(\d+\)) node", text)
+        return (f"onnxruntime's {provider} has no kernel for {node.group(1) if node else 'a node'} "
+                "in this precision")
+    return None
+
+
+def half_parity(loaded: LoadedModel, onnx_path: str | Path, precision: str, shapes=DEFAULT_SHAPES,
+                atol: float | None = None, provider: str = "CPUExecutionProvider") -> dict[str, Any]:
+    """``check_parity`` of a half-precision graph with its own tolerance, or, where ``provider``
+    cannot run the graph, ``{"label", "skipped": why}`` (the file itself is valid ONNX)."""
+    atol = HALF_ATOL[precision] if atol is None else atol
+    why = half_session_error(onnx_path, provider)
+    if why is not None:
+        return {"label": precision, "atol": atol, "provider": provider,
+                "skipped": f"{why}; the {precision} parity check needs a provider that runs {precision} "
+                           "(--provider cuda on a GPU)"}
+    out = check_parity(loaded, onnx_path, shapes, atol, provider, precision)
+    if provider == "CPUExecutionProvider" and precision == "fp16":
+        out["note"] = ("onnxruntime's CPU provider runs float16 nodes it has no float16 kernel for in "
+                       "float32 (it inserts Casts), so this checks the graph and its rounded weights, "
+                       "not GPU float16 arithmetic")
+    out["provider"] = provider
+    return out
+
+
 # ----------------------------------------------------------------------------- optimize + quantize
 
 
@@ -371,8 +431,6 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
     ``compress.export.ort.CPU_DISABLED_OPTIMIZERS``). The CUDA provider fuses them itself when the
     session starts.
     """
-    import logging
-
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -459,6 +517,85 @@ def fusion_summary(model_type: str | None, why: str, fused: dict[str, int] | Non
             + (f"; also {rest}" if rest else ""))
 
 
+def convert_to_half(src: str | Path, dst: str | Path, precision: str = "fp16") -> dict[str, Any]:
+    """Write ``src`` (float32 ONNX) as a float16 or bfloat16 graph with float32 inputs and outputs.
+
+    float16: onnxruntime's converter (``OnnxModel.convert_float_to_float16(keep_io_types=True)``):
+    weights and activations in float16, Cast nodes after the graph's float inputs and before its
+    float outputs (here the one ``logits`` output; token ids stay int64), ops of its default block
+    list kept in float32. It knows the fused contrib ops (Attention, BiasGelu,
+    SkipLayerNormalization) through symbolic shape inference, so it runs after the optimizer.
+    bfloat16: neither onnx nor onnxruntime ship a converter; the float16 conversion is made with
+    ``BF16_FLOAT32_OPS`` also blocked, then every float16 type (initializers, value infos, Cast
+    targets, Constant values) is retyped to bfloat16, initializers and constants re-rounded from
+    the float32 originals rather than from their float16 copies. Returns ``{"precision",
+    "float32_ops": [op types kept in float32], "half_initializers": n, "float32_initializers": n}``.
+    """
+    import onnx
+    from onnx import TensorProto, numpy_helper
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    check_choice("precision", precision, PRECISION_CHOICES[1:])
+    model = onnx.load(str(src))
+    originals = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
+                 if i.data_type == TensorProto.FLOAT}
+    constants = {n.name: numpy_helper.to_array(a.t) for n in model.graph.node if n.op_type == "Constant"
+                 for a in n.attribute if a.name == "value" and a.t.data_type == TensorProto.FLOAT}
+    blocked = list(DEFAULT_OP_BLOCK_LIST) + (list(BF16_FLOAT32_OPS) if precision == "bf16" else [])
+    opt = OnnxModel(model)
+    quiet = logging.getLogger("onnxruntime.transformers")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "initializer is used by both fp32 and fp16 nodes" per shared weight
+    try:
+        opt.convert_float_to_float16(keep_io_types=True, op_block_list=blocked)
+    finally:
+        quiet.setLevel(level)
+    opt.topological_sort()  # the converter appends the Casts around blocked ops at the end
+    model = opt.model
+    if precision == "bf16":
+        _retype_float16_as_bfloat16(model.graph, originals, constants)
+    onnx.save(model, str(dst))
+    half = TensorProto.BFLOAT16 if precision == "bf16" else TensorProto.FLOAT16
+    present = {n.op_type for n in model.graph.node}
+    return {"precision": precision, "float32_ops": sorted(present & set(blocked)),
+            "half_initializers": sum(i.data_type == half for i in model.graph.initializer),
+            "float32_initializers": sum(i.data_type == TensorProto.FLOAT for i in model.graph.initializer)}
+
+
+def _retype_float16_as_bfloat16(graph, originals: dict[str, np.ndarray], constants: dict[str, np.ndarray]
+                                ) -> None:
+    """Every float16 type in ``graph`` (and its subgraphs) becomes bfloat16, in place; tensors are
+    rounded from their float32 originals (by initializer or Constant node name) where known."""
+    import ml_dtypes
+    from onnx import AttributeProto, TensorProto, numpy_helper
+
+    f16, bf16 = TensorProto.FLOAT16, TensorProto.BFLOAT16
+
+    def as_bf16(tensor, original: np.ndarray | None):
+        values = numpy_helper.to_array(tensor) if original is None else original
+        return numpy_helper.from_array(np.asarray(values, np.float32).astype(ml_dtypes.bfloat16), tensor.name)
+
+    for init in graph.initializer:
+        if init.data_type == f16:
+            init.CopyFrom(as_bf16(init, originals.get(init.name)))
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if vi.type.tensor_type.elem_type == f16:
+            vi.type.tensor_type.elem_type = bf16
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == f16:
+                attr.i = bf16
+            elif attr.type == AttributeProto.TENSOR and attr.t.data_type == f16:
+                original = constants.get(node.name) if node.op_type == "Constant" else None
+                attr.t.CopyFrom(as_bf16(attr.t, original))
+            elif attr.type == AttributeProto.GRAPH:
+                _retype_float16_as_bfloat16(attr.g, originals, constants)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _retype_float16_as_bfloat16(sub, originals, constants)
+
+
 def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -> Path:
     """Dynamic int8: int8 weights, activations quantized per batch at run time (MatMulInteger).
 
@@ -466,8 +603,6 @@ def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -
     matrix. It cost no time here (40%-structured MiniLM, batch 32 x 128: 277 ms either way) and
     moved SST-2 dev accuracy by -0.46 points (dense MiniLM) and +0.69 (40% structured), both within
     the noise of 872 sentences; per-tensor stays the default."""
-    import logging
-
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -509,8 +644,10 @@ class ExportConfig:
     optimize: bool = False
     quantize: str | None = None
     per_channel: bool = False
+    precision: str = field(default="fp32", metadata={"choices": PRECISION_CHOICES})
     atol: float = FP32_ATOL
     int8_atol: float = INT8_ATOL
+    half_atol: float | None = None
     shapes: str = ",".join(f"{b}x{n}" for b, n in DEFAULT_SHAPES)
     opset: int = 17
     provider: str = "cpu"
@@ -528,8 +665,16 @@ class ExportConfig:
             check_choice("quantize", self.quantize, QUANTIZE_CHOICES)
         elif self.per_channel:
             raise UsageError("--per-channel applies to int8 weights; add --quantize int8")
+        check_choice("precision", self.precision, PRECISION_CHOICES)
+        if self.precision != "fp32" and self.quantize is not None:
+            raise UsageError(f"--precision {self.precision} and --quantize {self.quantize} exclude each "
+                             "other: int8 is quantized from the fp32 graph; drop one of them")
+        if self.half_atol is not None and self.precision == "fp32":
+            raise UsageError("--half-atol is the fp16/bf16 parity tolerance; add --precision fp16 or bf16")
         check_range("atol", self.atol, 0, lo_open=True)
         check_range("int8_atol", self.int8_atol, 0, lo_open=True)
+        if self.half_atol is not None:
+            check_range("half_atol", self.half_atol, 0, lo_open=True)
         check_range("opset", self.opset, 14, 21)
         parse_shapes(self.shapes)
         if self.eval_limit is not None and self.eval_limit < 1:
@@ -537,8 +682,10 @@ class ExportConfig:
 
 
 def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
-                 batch_size: int = 64, provider: str | None = None) -> dict[str, float]:
-    """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``)."""
+                 batch_size: int = 64, provider: str | None = None, with_logits: bool = False
+                 ) -> dict[str, Any]:
+    """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``); with
+    ``with_logits`` also the logits ([examples, labels] numpy) under ``"logits"``."""
     from compress.export.ort import OrtModel
     from compress.metrics import compute_metrics
     from compress.training import encode, make_collate
@@ -552,10 +699,29 @@ def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
         batch.pop("labels")
         outs.append(model(**batch).float().numpy())
     labels = np.array([f["labels"] for f in feats])
-    m = compute_metrics(spec.family, np.concatenate(outs), labels)
+    logits = np.concatenate(outs)
+    m = compute_metrics(spec.family, logits, labels)
     m["score"] = m[spec.metric]
     m["n"] = len(ds)
+    if with_logits:
+        m["logits"] = logits
     return m
+
+
+def half_accuracy(fp32_path: str | Path, half_path: str | Path, precision: str, tokenizer, spec, ds,
+                  max_length: int, provider: str) -> dict[str, Any]:
+    """Dev-set metric of the fp32 and the half-precision graph and how often their argmax agree;
+    the half side is ``{"skipped": why}`` where ``provider`` cannot run it."""
+    fp32 = ort_accuracy(fp32_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
+    ref = fp32.pop("logits")
+    why = half_session_error(half_path, provider)
+    if why is not None:
+        return {"fp32": fp32, precision: {"skipped": why, "n": len(ds)}}
+    half = ort_accuracy(half_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
+    logits = half.pop("logits")
+    half["argmax_agreement"] = float(np.mean(logits.argmax(-1) == ref.argmax(-1)))
+    half["max_abs_diff"] = float(np.max(np.abs(logits - ref)))
+    return {"fp32": fp32, precision: half}
 
 
 def _tokenizer_for(loaded: LoadedModel):
@@ -569,6 +735,17 @@ def _tokenizer_for(loaded: LoadedModel):
     except (OSError, ValueError) as exc:
         raise ModelError(f"no tokenizer in {loaded.path} for --task accuracy "
                          f"({type(exc).__name__})") from None
+
+
+def onnx_checker(path: str | Path) -> None:
+    """``onnx.checker`` on the file (full check, with shape inference); ModelError on failure."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ModelError(f"{Path(path).name} is not valid ONNX: {(str(exc).splitlines() or [''])[0][:200]}"
+                         ) from None
 
 
 def run_export(cfg: ExportConfig) -> dict[str, Any]:
@@ -605,7 +782,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
         report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
         final = fp32
-        if cfg.optimize:
+        if cfg.optimize or cfg.precision != "fp32":  # half precision: fuse first, then convert
             model_type, why = optimizer_model_type(loaded)
             report["optimizer_model_type"] = model_type
             fused: dict[str, int] = {}
@@ -618,6 +795,13 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
             report["fused_ops"] = fused
             report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
         fp32_final = final
+        if cfg.precision != "fp32":
+            half = tmp / f"{cfg.precision}.onnx"
+            report["half"] = convert_to_half(final, half, cfg.precision)
+            onnx_checker(half)
+            report[f"parity_{cfg.precision}"] = half_parity(loaded, half, cfg.precision, shapes,
+                                                            cfg.half_atol, provider)
+            final = half
         if cfg.quantize == "int8":
             q = quantize_int8(final, tmp / "int8.onnx", per_channel=cfg.per_channel)
             report["parity_int8"] = check_parity(loaded, q, shapes, cfg.int8_atol, provider, "int8")
@@ -628,7 +812,11 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
             spec, data = task_data
             tok = _tokenizer_for(loaded)
             max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
-            acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len, provider=provider)}
+            if cfg.precision != "fp32":
+                acc = half_accuracy(fp32_final, final, cfg.precision, tok, spec, data["eval"], max_len,
+                                    provider)
+            else:
+                acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len, provider=provider)}
             if cfg.quantize == "int8":
                 acc["int8"] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
             report["accuracy"] = {"task": spec.name, "metric": spec.metric, **acc}
