@@ -64,7 +64,8 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
                 prune_every: int | None = None, start_step: int = 0, initial_sparsity: float = 0.0,
                 power: float = 3.0, criterion: str = "magnitude", scope: str = "local",
                 include: Sequence[str] = (), exclude: Sequence[str] = (), seed: int = 0,
-                initial_masks: dict[str, torch.Tensor] | None = None) -> MagnitudePruner:
+                initial_masks: dict[str, torch.Tensor] | None = None,
+                pattern: str | None = None) -> MagnitudePruner:
     """A ``MagnitudePruner`` for ``model`` (not yet initialized): the pruner ``compress prune`` uses.
 
     ``schedule``: "gradual" (Zhu & Gupta cubic ramp from ``initial_sparsity`` at ``start_step`` to
@@ -72,12 +73,16 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     first half of ``total_steps``, ten increments) or "oneshot" (all at ``start_step``).
     ``criterion``: "magnitude" or "random"; ``scope``: "local" (one threshold per matrix) or
     "global". ``initial_masks`` (True = kept) stay pruned: re-pruning a pruned model.
+    ``pattern`` "N:M" (e.g. "2:4"): N zeros in every group of M weights along each matrix's input
+    dimension, by magnitude, local scope, ``sparsity`` = N/M; a gradual schedule prunes the pattern
+    in a growing fraction of the groups.
 
     Lifecycle: ``initialize()`` before the first step, ``mask_grads()`` after each backward (or
     ``register_grad_masks()`` once), ``step(t)`` after optimizer step t (1-based), ``finalize()`` at
     the end -> masks. Out of order raises ``PrunerStateError`` naming the call to make.
     """
     from compress.errors import UsageError
+    from compress.pruning.masks import NMPattern
     from compress.pruning.pruner import MagnitudePruner
     from compress.pruning.schedules import SCHEDULES, make_schedule
 
@@ -89,17 +94,19 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     targets = prunable_targets(model, include, exclude)
     sched = make_schedule(schedule, sparsity, total_steps or 0, prune_steps, prune_every, start_step,
                           initial_sparsity, power)
-    return MagnitudePruner(targets, sched, criterion, scope, seed, initial_masks)
+    return MagnitudePruner(targets, sched, criterion, scope, seed, initial_masks,
+                           pattern=NMPattern.parse(pattern) if pattern else None)
 
 
 def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "magnitude",
                 scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
-                seed: int = 0) -> dict[str, torch.Tensor]:
+                seed: int = 0, pattern: str | None = None) -> dict[str, torch.Tensor]:
     """Prune ``model`` in place, one-shot, to ``sparsity``; returns the masks (canonical name ->
     bool tensor on the CPU, True = kept). Keep them enforced in later training with
-    ``make_pruner(..., initial_masks=masks)`` or save them with ``save_model``."""
+    ``make_pruner(..., initial_masks=masks)`` or save them with ``save_model``. ``pattern`` "N:M"
+    as in ``make_pruner`` (``sparsity`` N/M)."""
     pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
-                         include=include, exclude=exclude, seed=seed)
+                         include=include, exclude=exclude, seed=seed, pattern=pattern)
     pruner.initialize()
     return pruner.finalize()
 

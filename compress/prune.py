@@ -14,6 +14,7 @@ interrupted one; the finished run equals an uninterrupted one with the same seed
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import shutil
@@ -38,9 +39,23 @@ from compress.errors import DataError, UsageError
 from compress.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
 from compress.measure.sparsity import sparsity_report
 from compress.models import load_classifier, load_tokenizer, register_model_types, resolve_model, save_model
-from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, load_saved_model, save_masks
-from compress.pruning.masks import get_criterion, get_scope
-from compress.pruning.pruner import MagnitudePruner, PruningHook, add_meta, matching_masks
+from compress.pruning.integrity import (
+    MASKS_FILE,
+    check_masks,
+    check_pattern,
+    load_masks,
+    load_saved_model,
+    recorded_pattern,
+    save_masks,
+)
+from compress.pruning.masks import NMPattern, get_criterion, get_scope
+from compress.pruning.pruner import (
+    MagnitudePruner,
+    PruningHook,
+    add_meta,
+    check_pattern_fits,
+    matching_masks,
+)
 from compress.pruning.schedules import SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
@@ -72,6 +87,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     heldout_blocks: int = 256
     no_dense_baseline: bool = False
     structured: tuple[str, ...] = ()
+    pattern: str | None = None
     resume: bool = False
 
     def __post_init__(self):
@@ -88,6 +104,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                              "stage has no task logits to distil); drop --teacher")
         get_criterion(self.criterion)
         get_scope(self.scope)
+        if self.pattern is not None:  # before the checks that read the sparsity it may set
+            self._check_pattern()
         if self.schedule not in SCHEDULES:
             raise UsageError(f"unknown schedule '{self.schedule}'; choose one of: {', '.join(SCHEDULES)}")
         if self.stage not in STAGES:
@@ -111,6 +129,20 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if self.resume and self.out is None:  # checked here too, before any data or model is loaded
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
+
+    def _check_pattern(self) -> None:
+        """N:M pruning is per matrix, by magnitude, at sparsity N/M: the default sparsity becomes
+        N/M and any other is refused (the CLI also refuses a typed --sparsity equal to the default,
+        see ``compress.cli.prune``)."""
+        pattern = NMPattern.parse(self.pattern)
+        object.__setattr__(self, "pattern", str(pattern))  # '2 : 4' -> '2:4'
+        if self.structured:
+            raise UsageError(f"--pattern {pattern} keeps the matrices' shapes and zeros weights in "
+                             "groups; --structured removes whole heads/FFN neurons: use one of them")
+        default = next(f.default for f in dataclasses.fields(self) if f.name == "sparsity")
+        if self.sparsity == default and default != pattern.sparsity:
+            object.__setattr__(self, "sparsity", pattern.sparsity)
+        check_pattern_fits(pattern, {}, self.criterion, self.scope, self.sparsity)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +195,8 @@ def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_ste
                              prune_steps=cfg.prune_steps, prune_every=cfg.prune_every,
                              start_step=cfg.prune_start, initial_sparsity=cfg.initial_sparsity,
                              power=cfg.schedule_power, criterion=cfg.criterion, scope=cfg.scope,
-                             include=cfg.include, exclude=cfg.exclude, seed=cfg.seed, initial_masks=initial)
+                             include=cfg.include, exclude=cfg.exclude, seed=cfg.seed, initial_masks=initial,
+                             pattern=cfg.pattern)
     return pruner, _ScheduledPruningHook(pruner, module, factory)
 
 
@@ -187,6 +220,8 @@ def pruning_meta(cfg: PruneConfig, pruner: MagnitudePruner | None, structured: d
                      "history": pruner.history})
     if structured is not None:
         meta["structured"] = {"targets": list(cfg.structured), "result": structured}
+    if cfg.pattern is not None:
+        meta["pattern"] = cfg.pattern  # 'compress verify' checks every group of the saved matrices
     return meta
 
 
@@ -198,6 +233,8 @@ def save_pruned(run: RunDir, model, tokenizer, masks: dict | None, meta: dict, s
     summary = {**summary, "sparsity": {g: report[g]["sparsity"] for g in ("global", "embeddings",
                                                                           "encoder")},
                "heads_overall": report["heads_overall"]}
+    if meta.get("pruning", {}).get("pattern"):
+        summary["pattern"] = meta["pruning"]["pattern"]
     run.write_summary(summary)
     return summary
 
@@ -207,11 +244,14 @@ def write_masks_and_sparsity(run_path: Path, masks: dict | None) -> dict:
     ``from_pretrained``) and ``sparsity.json``; returns the sparsity report."""
     model_dir = run_path / "model"
     reloaded = load_saved_model(model_dir)
+    pattern = recorded_pattern(model_dir)
     if masks:
         save_masks(masks, model_dir / MASKS_FILE)
         _link_or_copy(model_dir / MASKS_FILE, run_path / MASKS_FILE)
         check_masks(reloaded, load_masks(model_dir / MASKS_FILE))
-    report = sparsity_report(reloaded, masks or None)
+        if pattern:
+            check_pattern(reloaded, list(masks), pattern)
+    report = sparsity_report(reloaded, masks or None, pattern)
     write_json(run_path / "sparsity.json", report)
     return report
 
@@ -297,7 +337,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _name(cfg: PruneConfig, what: str) -> str:
-    return cfg.name or f"{what}-{cfg.stage}-{cfg.criterion}-{round(100 * cfg.sparsity)}"
+    amount = cfg.pattern.replace(":", "of") if cfg.pattern else round(100 * cfg.sparsity)
+    return cfg.name or f"{what}-{cfg.stage}-{cfg.criterion}-{amount}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   compress prune --include pooler --exclude 'embeddings.*'   # globs, or re:REGEX
   compress prune --sparsity 0.6 --stage after-finetune --teacher self   # distillation-aware pruning
   compress prune --sparsity 0.8 --model minilm --teacher artifacts/finetune/RUN --task sst2 ...
+  compress prune --pattern 2:4 --schedule oneshot --stage after-finetune   # 2:4 semi-structured
   compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
@@ -45,6 +46,11 @@ HELPS = {
     "heldout_blocks": "pretrain: at most this many held-out blocks are scored",
     "no_dense_baseline": "pretrain: skip training the unpruned model for comparison",
     "structured": "remove whole units instead: heads,ffn (uses compress.pruning.structured)",
+    "pattern": "N:M semi-structured sparsity, e.g. 2:4: the N smallest |w| of every group of M "
+               "consecutive weights along each pruned matrix's input dimension are zeroed (sparsity "
+               "N/M by definition; gradual: in a growing share of the groups). 2:4 runs faster with "
+               "PyTorch's semi-structured kernels on CUDA capability >= 8.0; elsewhere it saves "
+               "storage only",
     "teacher": "distil from this fine-tuned run/model folder while pruning and recovering (loss = task "
                "+ lambda * T^2 * KL); 'self' = the dense model the run starts from (after-finetune: "
                "the model its dense phase made)",
@@ -94,10 +100,22 @@ def refuse_ignored_options(cfg: PruneConfig, given: set[str]) -> None:
         raise UsageError("; ".join(parts) + ("; remove it" if n == 1 else "; remove them"))
 
 
+def refuse_other_sparsity(cfg: PruneConfig, args) -> None:
+    """With --pattern N:M the sparsity is N/M: a typed --sparsity of another value is refused (the
+    config keeps an explicit value only when it equals N/M, so it cannot tell a typed default)."""
+    typed = getattr(args, "sparsity", None)
+    if cfg.pattern is not None and typed is not None:
+        from compress.pruning.masks import NMPattern
+        from compress.pruning.pruner import check_pattern_fits
+
+        check_pattern_fits(NMPattern.parse(cfg.pattern), {}, sparsity=typed)
+
+
 def run(args):
     from compress.measure.sparsity import format_sparsity_table
 
     cfg = config_from_args(PruneConfig, args)
+    refuse_other_sparsity(cfg, args)
     refuse_ignored_options(cfg, explicit_options(PruneConfig, args))
     path = run_prune(cfg)
     report = json.loads((path / "sparsity.json").read_text(encoding="utf-8"))

@@ -1,4 +1,5 @@
-HELP = "check that every pruned weight of a saved run is still exactly zero (reloads from disk)"
+HELP = ("check that every pruned weight of a saved run is still exactly zero, and its N:M pattern "
+        "when it has one (reloads from disk)")
 EXAMPLES = """examples:
   compress verify artifacts/prune/20261122-101500-sample-finetune-magnitude-40
   compress verify artifacts/finetune/20261122-111500-sst2     # fine-tuned from a pruned run
@@ -13,6 +14,8 @@ def run(args):
     from compress.pruning.integrity import verify_run
 
     r = verify_run(args.run)
+    pattern = (f"; every group of {r['pattern'].split(':')[1]} along their input dimension holds the "
+               f"{r['pattern']} pattern" if r.get("pattern") else "")
     print(f"ok: {r['pruned']:,} of {r['total']:,} weights in {r['tensors']} masked tensors are zero "
-          f"({100 * r['sparsity']:.2f}%) in {r['model_dir']}")
+          f"({100 * r['sparsity']:.2f}%){pattern} in {r['model_dir']}")
     return 0

@@ -44,16 +44,23 @@ def cpu_vnni_flags(cpuinfo: str | None = None) -> list[str]:
 
 def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = False, int8: bool = False,
                   distilled: bool = False, runtime: str = "onnxruntime CPU",
-                  vnni: list[str] | None = None) -> dict[str, Any]:
+                  vnni: list[str] | None = None, pattern: str | None = None) -> dict[str, Any]:
     """One verdict per model: does its compression turn into speed on ``runtime``?
 
+    ``pattern``: the N:M pattern the zeros hold (``semi_structured_verdict`` answers for it per
+    device; ``runtime``'s dense kernels multiply them all the same).
     Returns ``{"faster": "yes" | "unlikely" | "storage only" | "no compression", "runtime": ...,
     "reasons": [...]}``.
     """
     vnni = cpu_vnni_flags() if vnni is None else vnni
     reasons: list[str] = []
     faster = "no compression"
-    if unstructured_sparsity > 0.01:
+    if unstructured_sparsity > 0.01 and pattern:
+        faster = "storage only"
+        reasons.append(f"{unstructured_sparsity:.0%} zeros in a {pattern} pattern: {runtime}'s dense "
+                       "kernels still multiply them, so no speed-up there; only semi-structured sparse "
+                       "kernels skip them (see the pattern's verdict per device)")
+    elif unstructured_sparsity > 0.01:
         faster = "storage only"
         reasons.append(f"{unstructured_sparsity:.0%} unstructured zeros: dense kernels still multiply "
                        "them, so no speed-up; they only shrink the compressed file")
@@ -78,6 +85,51 @@ def speed_verdict(*, unstructured_sparsity: float = 0.0, structured: bool = Fals
     if faster == "no compression":
         reasons.append("dense fp32 model: the baseline")
     return {"faster": faster, "runtime": runtime, "reasons": reasons}
+
+
+# the kernels that turn an N:M pattern into speed, and what they need
+SEMI_STRUCTURED_KERNELS = {
+    "2:4": ((8, 0), "PyTorch's semi-structured sparse matmuls (torch.sparse.to_sparse_semi_structured "
+                    "of the nn.Linear weights in fp16/bf16/int8, cuSPARSELt or CUTLASS)"),
+}
+
+
+def local_cuda_capability() -> tuple[tuple[int, int] | None, str]:
+    """(compute capability of CUDA device 0, its name), or (None, 'CPU, no CUDA device')."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "CPU, no CUDA device"
+    return tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+
+
+def semi_structured_verdict(pattern: str, every_encoder_matrix: bool = True,
+                            capability: tuple[int, int] | None = None,
+                            device: str = "CPU, no CUDA device") -> dict[str, Any]:
+    """'Will it be faster?' for zeros in an N:M ``pattern``, per device, and here (``capability``
+    and ``device`` name: the machine measuring, ``local_cuda_capability()``).
+
+    Yes on CUDA devices of the kernels' minimum capability (2:4: 8.0, Ampere and newer) through
+    PyTorch's semi-structured sparse kernels; storage only on CPUs, older GPUs and other patterns.
+    When only some of the encoder's matrices hold the pattern, the answer there is 'partly'.
+    """
+    kernel = SEMI_STRUCTURED_KERNELS.get(pattern)
+    fast = "yes" if every_encoder_matrix else "partly (the matrices that hold the pattern)"
+    per_device: dict[str, str] = {}
+    if kernel is not None:
+        (major, minor), how = kernel
+        per_device[f"CUDA capability >= {major}.{minor}"] = fast
+        per_device["CPU, CUDA capability below, other runtimes"] = "storage only"
+        here = fast if capability is not None and tuple(capability) >= (major, minor) else "storage only"
+        reason = (f"{pattern} zeros: {how} skip them on CUDA capability >= {major}.{minor}; dense "
+                  "kernels elsewhere multiply them, so they only save storage there")
+    else:
+        per_device["any device"] = "storage only"
+        here = "storage only"
+        reason = f"no kernel runs a {pattern} pattern faster (2:4 has PyTorch's semi-structured kernels)"
+    cap = "" if capability is None else f", capability {capability[0]}.{capability[1]}"
+    return {"pattern": pattern, "per_device": per_device, "here": {"device": f"{device}{cap}",
+                                                                   "faster": here}, "reason": reason}
 
 
 def read_export_report(onnx_path: str | Path) -> dict[str, Any] | None:

@@ -19,7 +19,12 @@ import re
 import torch
 
 from compress.architectures import ROLES, find_layout, head_layout, head_slices
+from compress.pruning.masks import NMPattern, broken_groups
 from compress.pruning.targets import WORD_EMBEDDINGS, named_weights, weight_roles
+
+# N:M patterns looked for in the weights, first match reported: 2:4 is the one with fast kernels
+# (PyTorch's semi-structured sparse matmuls on CUDA capability >= 8.0)
+DETECTED_PATTERNS = (NMPattern(2, 4),)
 
 LAYER_RE = re.compile(r"(?:^|\.)layer\.(\d+)\.")
 HEAD_KINDS = ("query", "key", "value", "qkv", "pos_query", "pos_key", "attn_out")
@@ -47,8 +52,30 @@ def _head_zeros(w: torch.Tensor, kind: str, head_dim: int) -> tuple[list[int], i
 
 
 @torch.no_grad()
-def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | None = None) -> dict:
-    """Sparsity report as a JSON-ready dict (fractions in [0, 1]); see the module docstring."""
+def nm_pattern_report(weights: dict[str, torch.Tensor], encoder: set[str],
+                      patterns: tuple[NMPattern, ...] = DETECTED_PATTERNS) -> dict | None:
+    """The first of ``patterns`` that the stored zeros of some of ``weights`` (name -> matrix) hold:
+    at least N zeros in every group of M along the last (input) dimension. Returns ``{"pattern":
+    "2:4", "matrices": [names holding it], "other": [names that do not], "encoder": whether every
+    name in ``encoder`` (the encoder layers' matrices) holds it}``, or None when no matrix does."""
+    for pattern in patterns:
+        holding = [n for n in sorted(weights) if pattern.fits(tuple(weights[n].shape))
+                   and broken_groups(weights[n], pattern.n, pattern.m)[0] == 0]
+        if holding:
+            enc = [n for n in sorted(encoder) if n in weights]
+            return {"pattern": str(pattern), "matrices": holding,
+                    "other": [n for n in sorted(weights) if n not in holding],
+                    "encoder": bool(enc) and set(enc) <= set(holding)}
+    return None
+
+
+@torch.no_grad()
+def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | None = None,
+                    pattern: str | None = None) -> dict:
+    """Sparsity report as a JSON-ready dict (fractions in [0, 1]); see the module docstring.
+
+    ``pattern`` (an N:M the model was pruned with) is looked for in the weights before 2:4; the
+    report's ``pattern`` is ``nm_pattern_report``'s answer."""
     params = named_weights(model)
     layout = find_layout(model)
     roles = weight_roles(model, layout) if layout is not None else {}
@@ -101,6 +128,10 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
         heads[str(layer)] = {"per_head": per_head, **_stats(per_head),
                              "by_matrix": {k: {"per_head": v, **_stats(v)} for k, v in per_kind.items()}}
 
+    looked_for = (NMPattern.parse(pattern),) if pattern else ()
+    found = nm_pattern_report({n: params[n].detach() for n in names},
+                              {n for n in names if matrices[n]["layer"] is not None},
+                              tuple(dict.fromkeys(looked_for + DETECTED_PATTERNS)))
     extra = {}
     if layout is not None:
         extra["architecture"] = layout.name
@@ -117,6 +148,7 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
         "roles": {k: _counts(*v) for k, v in sorted(by_role.items(), key=lambda kv: _role_order(kv[0]))},
         **extra,
         **{g: _counts(*v) for g, v in groups.items()},
+        "pattern": found,
     }
 
 
@@ -152,6 +184,13 @@ def format_sparsity_table(report: dict) -> str:
         lines.append(f"{name}: {_pct(m['sparsity'])} of {m['numel']:,}")
     if report.get("shared_layers"):
         lines.append(report["shared_layers"])
+    found = report.get("pattern")
+    if found:
+        n, m = found["pattern"].split(":")
+        where = (f"all {len(found['matrices'])} matrices" if not found["other"] else
+                 f"{len(found['matrices'])} of {len(found['matrices']) + len(found['other'])} matrices")
+        lines.append(f"{found['pattern']} pattern: every group of {m} weights along the input dimension "
+                     f"holds >= {n} zeros in {where}")
     for g in ("embeddings", "encoder", "other", "global"):
         if report[g]["numel"]:
             lines.append(f"{g:>10}: {_pct(report[g]['sparsity'])} ({report[g]['zeros']:,} of "

@@ -97,7 +97,7 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"kind": loaded.kind, "seq_len": seq_len, "params": params, "flops": flops}
-    structured = False
+    structured, pattern = False, None
     config = getattr(model, "config", None)
     if loaded.kind == "bert":
         from compress.measure.sparsity import format_sparsity_table, sparsity_report
@@ -109,13 +109,20 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
         else:
             result["sparsity"] = report
             result["sparsity_table"] = format_sparsity_table(report)
+            pattern = report.get("pattern")
         if getattr(config, "layer_heads", None) is not None:
             structured = True
             result["structure"] = {"layer_heads": config.layer_heads,
                                    "layer_ffn": config.layer_intermediate}
     result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],
                                       structured=structured, distilled=loaded.kind == "student",
-                                      runtime=runtime)
+                                      runtime=runtime, pattern=pattern["pattern"] if pattern else None)
+    if pattern:
+        from compress.measure.report import local_cuda_capability, semi_structured_verdict
+
+        capability, device = local_cuda_capability()
+        result["verdict"]["semi_structured"] = semi_structured_verdict(
+            pattern["pattern"], pattern["encoder"], capability, device)
     return result
 
 
@@ -161,6 +168,11 @@ def format_measure(r: dict[str, Any]) -> str:
         lines.append("fused ops: " + ", ".join(f"{k} {v}" for k, v in r["fused_ops"].items()))
     v = r["verdict"]
     lines.append(f"will it be faster on {v['runtime']}? {v['faster']}: " + "; ".join(v["reasons"]))
+    ss = v.get("semi_structured")
+    if ss:
+        devices = "; ".join(f"{k}: {a}" for k, a in ss["per_device"].items())
+        lines.append(f"will the {ss['pattern']} pattern be faster? here ({ss['here']['device']}): "
+                     f"{ss['here']['faster']}; {devices} ({ss['reason']})")
     d = r.get("disk")
     if d:
         lines.append(f"on disk: {d['bytes'] / 1e6:.2f} MB raw, {d['gzip_bytes'] / 1e6:.2f} MB gzip "

@@ -43,6 +43,35 @@ def check_masks(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> None:
         raise IntegrityError(f"{sum(bad.values())} pruned weights are non-zero: {first}{more}")
 
 
+@torch.no_grad()
+def check_pattern(model: torch.nn.Module, names: list[str], pattern: str) -> None:
+    """Raise IntegrityError when a matrix in ``names`` breaks the N:M ``pattern`` it was pruned
+    with (a group of M along its input dimension holding fewer than N zeros in the stored weights),
+    naming the first broken group (matrix, row, group, columns) and how many there are."""
+    from compress.pruning.masks import NMPattern, broken_groups
+
+    nm = NMPattern.parse(pattern)
+    params = named_weights(model)
+    total, first = 0, None
+    for name in sorted(names):
+        if name not in params:
+            raise IntegrityError(f"the {pattern} pattern names '{name}', no parameter of the model "
+                                 "(wrong model for these masks?)")
+        w = params[name]
+        if not nm.fits(tuple(w.shape)):
+            raise IntegrityError(f"{name} is {list(w.shape)}: its input dimension is not a multiple of "
+                                 f"{nm.m}, so it cannot hold the {pattern} pattern it was pruned with")
+        n_bad, where = broken_groups(w, nm.n, nm.m)
+        if n_bad and first is None:
+            first = (name, *where)
+        total += n_bad
+    if first is not None:
+        name, row, group, zeros = first
+        raise IntegrityError(f"{total} groups break the {pattern} pattern: first {name} row {row} group "
+                             f"{group} (columns {group * nm.m}-{group * nm.m + nm.m - 1}) has {zeros} "
+                             f"zero(s), {nm.n} needed")
+
+
 def save_masks(masks: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -76,8 +105,20 @@ def load_saved_model(model_dir: Path):
     return cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
 
 
+def recorded_pattern(model_dir: Path) -> str | None:
+    """The N:M pattern the saved model was pruned with (``compress.json``'s ``pruning.pattern``)."""
+    meta_file = Path(model_dir) / "compress.json"
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    except ValueError:
+        return None
+    pruning = meta.get("pruning") if isinstance(meta, dict) else None
+    return pruning.get("pattern") if isinstance(pruning, dict) else None
+
+
 def verify_run(run: str | Path) -> dict:
-    """Reload ``RUN/model`` from disk and check every mask; returns counts for the report."""
+    """Reload ``RUN/model`` from disk and check every mask, and the N:M pattern of every masked
+    matrix when the run records one; returns counts for the report."""
     run = Path(run)
     model_dir = run / "model" if (run / "model").is_dir() else run
     if not (model_dir / "config.json").is_file():
@@ -85,8 +126,12 @@ def verify_run(run: str | Path) -> dict:
                         "a folder written by 'compress prune'")
     masks = load_masks(model_dir / MASKS_FILE)
     model = load_saved_model(model_dir)
+    pattern = recorded_pattern(model_dir)
+    if pattern:  # first: a weight regrown in a group names the group, not only the tensor
+        check_pattern(model, list(masks), pattern)
     check_masks(model, masks)
     pruned = sum(m.numel() - int(torch.count_nonzero(m)) for m in masks.values())
     total = sum(m.numel() for m in masks.values())
     return {"tensors": len(masks), "pruned": pruned, "total": total,
-            "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir)}
+            "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir),
+            "pattern": pattern}

@@ -16,7 +16,7 @@ import torch
 from compress.distributed import assert_same_across_ranks, tensor_checksum
 from compress.errors import IntegrityError, UsageError
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, save_masks
-from compress.pruning.masks import get_criterion, get_scope
+from compress.pruning.masks import NMPattern, get_criterion, get_scope
 from compress.pruning.schedules import Schedule
 from compress.pruning.targets import named_weights
 from compress.training import TrainHook
@@ -67,16 +67,23 @@ class MagnitudePruner:
     """Unstructured pruning of ``params`` (canonical name -> parameter) on ``schedule``.
 
     ``initial_masks`` (e.g. from an already pruned model) stay pruned: masks only ever shrink.
+    With ``pattern`` (N:M semi-structured, ``NMPattern``) each matrix loses the N lowest of every
+    group of M along its input dimension in place of the scope's threshold; a gradual schedule's
+    sparsity s prunes that pattern in a fraction s / (N/M) of the groups, all of them at its end.
     """
 
     def __init__(self, params: dict[str, torch.nn.Parameter], schedule: Schedule,
                  criterion: str = "magnitude", scope: str = "local", seed: int = 0,
-                 initial_masks: dict[str, torch.Tensor] | None = None):
+                 initial_masks: dict[str, torch.Tensor] | None = None, pattern: NMPattern | None = None):
         self.params = dict(sorted(params.items()))
         self.schedule = schedule
         self.criterion_name, self.scope_name = criterion, scope
         self._criterion = get_criterion(criterion)
         self._scope = get_scope(scope)
+        self.pattern = pattern
+        if pattern is not None:
+            check_pattern_fits(pattern, self.params, criterion, scope, schedule.final_sparsity)
+            self._scope = pattern.masks
         self.seed = seed
         self.initial_masks = initial_masks or {}
         self.masks: dict[str, torch.Tensor] = {}
@@ -189,6 +196,30 @@ class MagnitudePruner:
         self.last_pruned_step = None if last < 0 else last
         self.history = json.loads(state["history"])
         self.apply_masks()
+
+
+def check_pattern_fits(pattern: NMPattern, params: dict[str, torch.Tensor], criterion: str = "magnitude",
+                       scope: str = "local", sparsity: float | None = None) -> None:
+    """UsageError in one line when an N:M pattern cannot prune ``params`` as asked: another criterion
+    or scope, a final sparsity other than N/M, or a matrix whose input (last) dimension is not a
+    multiple of M (the first such matrix named)."""
+    if criterion != "magnitude":
+        raise UsageError(f"--pattern {pattern} prunes the lowest |w| of each group; drop --criterion "
+                         f"'{criterion}'")
+    if scope != "local":
+        raise UsageError(f"--pattern {pattern} prunes every group of every matrix alike (no threshold "
+                         f"across matrices); drop --scope '{scope}'")
+    if sparsity is not None and abs(sparsity - pattern.sparsity) > 1e-9:
+        raise UsageError(f"--pattern {pattern} prunes {pattern.n} of every {pattern.m} weights, "
+                         f"sparsity {pattern.sparsity:g} by definition, not {sparsity:g}; drop "
+                         "--sparsity or set it to that")
+    misfits = [n for n, p in params.items() if not pattern.fits(tuple(p.shape))]
+    if misfits:
+        name = misfits[0]
+        more = f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else ""
+        raise UsageError(f"--pattern {pattern} groups {pattern.m} weights along each pruned matrix's "
+                         f"input (last) dimension, but {name} is {list(params[name].shape)}{more}; "
+                         f"leave it out with --exclude '{name}' or choose an M that divides it")
 
 
 class _MaskGuard:
