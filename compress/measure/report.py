@@ -119,10 +119,12 @@ def semi_structured_verdict(pattern: str, every_encoder_matrix: bool = True,
     if kernel is not None:
         (major, minor), how = kernel
         per_device[f"CUDA capability >= {major}.{minor}"] = fast
-        per_device["CPU, CUDA capability below, other runtimes"] = "storage only"
+        per_device[f"CPU, CUDA below {major}.{minor}, other runtimes"] = "storage only"
         here = fast if capability is not None and tuple(capability) >= (major, minor) else "storage only"
-        reason = (f"{pattern} zeros: {how} skip them on CUDA capability >= {major}.{minor}; dense "
-                  "kernels elsewhere multiply them, so they only save storage there")
+        reason = (f"{pattern} zeros: {how} skip them on CUDA capability >= {major}.{minor}, in "
+                  "matrices whose sizes are multiples of the kernels' tiles (fp16 with CUTLASS: 32 x "
+                  "64), most on large batches; dense kernels elsewhere multiply them, so they only "
+                  "save storage there")
     else:
         per_device["any device"] = "storage only"
         here = "storage only"

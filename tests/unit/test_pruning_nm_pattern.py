@@ -177,7 +177,7 @@ def test_sparsity_report_detects_two_four_and_the_verdict_per_device():
     cpu = semi_structured_verdict("2:4", True, None, "CPU, no CUDA device")
     assert cpu["here"]["faster"] == "storage only"
     assert cpu["per_device"] == {"CUDA capability >= 8.0": "yes",
-                                 "CPU, CUDA capability below, other runtimes": "storage only"}
+                                 "CPU, CUDA below 8.0, other runtimes": "storage only"}
     assert semi_structured_verdict("1:4")["per_device"] == {"any device": "storage only"}
 
 
