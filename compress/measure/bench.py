@@ -1,7 +1,15 @@
 """``compress bench``: PyTorch eager vs onnxruntime latency/throughput, same process, same inputs.
 
 Each model argument is a model/run/student folder (timed in PyTorch eager and, exported on the
-fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime only). Every
+fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime only; a float16 or
+bfloat16 file's row is ``ort-fp16``/``ort-bf16``). PyTorch peers of a folder's eager model answer
+"is the export faster than what I would do in PyTorch?" in the same table (``--runtimes``):
+``torch-fp16``/``torch-bf16`` (the model cast to half precision; GPU only), ``torch-compile``
+(``torch.compile`` of the eager model; its compile time, the first call at each shape, is taken
+before the timed calls and reported as ``compile_s``) and ``torch-int8`` (dynamic int8
+quantization of every ``nn.Linear``; CPU only). Each peer's logits are checked against eager fp32
+first (``PEER_ATOL``); a peer that cannot run on this device is listed under ``skipped`` with
+the reason. Every
 (model, runtime) is timed on the same grid of batch sizes x sequence lengths after warm-up, all
 of them in turn for ``rounds`` rounds (so drift of the machine's speed is shared); the first
 model's first runtime is the baseline of the ratios, given pooled and as the range over rounds.
@@ -16,8 +24,10 @@ GFLOP/s).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +37,13 @@ import torch
 from compress.config import check_choice, check_range, to_dict
 from compress.errors import UsageError
 
-RUNTIMES = ("torch", "ort")
+RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-int8")
+DEFAULT_RUNTIMES = ("torch", "ort")
+TORCH_PEERS = ("torch-fp16", "torch-bf16", "torch-compile", "torch-int8")
+# logits, absolute, against PyTorch eager fp32 on the same inputs: half precision as the ONNX
+# half-precision exports (compress.export.onnx), int8 as the int8 export; torch.compile reorders and
+# fuses float32 arithmetic only.
+PEER_ATOL = {"torch-fp16": 0.05, "torch-bf16": 0.4, "torch-compile": 1e-3, "torch-int8": 1.0}
 
 
 @dataclass(frozen=True)
@@ -38,7 +54,7 @@ class BenchOptions:
     iterations: int = 10
     rounds: int = 3
     settle_s: float = 0.1
-    runtimes: tuple[str, ...] = RUNTIMES
+    runtimes: tuple[str, ...] = DEFAULT_RUNTIMES
     provider: str = "auto"
     threads: int | None = None
     matmul_n: int = 1024
@@ -126,6 +142,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     flops_cache: dict[tuple[str, int], int] = {}
 
+    skipped: list[dict[str, str]] = []
+
     def flops_of(src: str | None, length: int) -> int | None:
         if src is None:
             return None
@@ -157,7 +175,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                                   structured=structured, int8=int8,
                                                   distilled=exported_kind(path) == "student",
                                                   runtime=runtime_name, vnni=vnni))
-                targets.append((label, "ort", sess, sess.input_names, _onnx_vocab(path), src))
+                runtime = "ort" + {"fp32": ""}.get(precision := onnx_precision(path), f"-{precision}")
+                targets.append((label, runtime, sess, sess.input_names, _onnx_vocab(path), src))
             else:
                 loaded = load_torch_model(path, attn_implementation=None)
                 model = loaded.model.to(device)
@@ -170,6 +189,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 if "torch" in cfg.runtimes:
                     targets.append((label, "torch", _torch_callable(loaded), loaded.input_names,
                                     loaded.vocab_size, path))
+                for runtime in (r for r in cfg.runtimes if r in TORCH_PEERS):
+                    peer = torch_peer(loaded, runtime, device)
+                    if isinstance(peer, str):
+                        skipped.append({"model": label, "runtime": runtime, "reason": peer})
+                        continue
+                    info.setdefault("peer_parity", {})[runtime] = check_peer_parity(loaded, peer, runtime,
+                                                                                    device)
+                    targets.append((label, runtime, peer, loaded.input_names, loaded.vocab_size, path))
                 if "ort" in cfg.runtimes:
                     eager = load_torch_model(path, attn_implementation="eager")
                     tmp = Path(temps.enter_context(tempfile.TemporaryDirectory(prefix="compress-bench-")))
@@ -183,19 +210,23 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         cells: dict[tuple[int, int, int], dict[str, Any]] = {}
         for length in cfg.seq_lens:
             for batch in cfg.batch_sizes:
-                fns, devices = {}, {}
+                fns, devices, first_call = {}, {}, {}
                 for i, (_, runtime, fn, names, vocab, _) in enumerate(targets):
                     feeds = _inputs(names, vocab, batch, length)
-                    if runtime == "torch":
+                    if runtime.startswith("torch"):
                         feeds = {k: v.to(device) for k, v in feeds.items()}
                         devices[str(i)] = device
                         fns[str(i)] = lambda fn=fn, feeds=feeds: fn(**feeds)
+                        if runtime == "torch-compile":  # (re)compiles for this shape: not timed with the rest
+                            first_call[i] = _first_call_s(fns[str(i)], device)
                     else:  # inputs on the device before timing, outputs left there, as for torch
                         fns[str(i)] = fn.bind(feeds)
                 timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices,
                                             settle_s=cfg.settle_s)
                 for i in range(len(targets)):
                     cells[(i, length, batch)] = timed[str(i)]
+                    if i in first_call:
+                        cells[(i, length, batch)]["compile_s"] = first_call[i]
         rows: list[dict[str, Any]] = []
         for i, (label, runtime, _, _, _, src) in enumerate(targets):
             for length in cfg.seq_lens:
@@ -213,12 +244,96 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         load = _load_average()
         result = {"provider": provider, "device": device, "threads": threads, "matmul_peak": peak,
                   "load_average_1min": load, "cpu_count": os.cpu_count(),
-                  "vnni": vnni, "models": models_info, "rows": rows,
+                  "vnni": vnni, "models": models_info, "rows": rows, "skipped": skipped,
                   "baseline": f"{rows[0]['model']} ({rows[0]['runtime']})" if rows else None}
         write_json(run.path / "bench.json", result)
         (run.path / "bench.txt").write_text(format_bench(result) + "\n", encoding="utf-8")
     result["run_dir"] = str(run.path)
     return result
+
+
+def torch_peer(loaded, runtime: str, device: str):
+    """The PyTorch peer ``runtime`` of ``loaded`` (already on ``device``) as ``call(**feeds) -> logits``,
+    or, where it cannot run on ``device``, the one-line reason (a str).
+
+    torch-fp16/bf16 cast a copy of the model (GPU only: CPU half-precision matmuls are not what one
+    deploys a BERT with). torch-compile wraps the eager model itself (weights shared; compilation
+    happens on the first call of each shape). torch-int8 is ``torch.ao.quantization.quantize_dynamic``
+    of every ``nn.Linear`` on a copy (int8 weights, activations quantized per call; CPU kernels only).
+    """
+    from compress.errors import UsageError
+    from compress.export.onnx import LoadedModel
+
+    check_choice("runtime", runtime, TORCH_PEERS)
+    model = loaded.model
+    if runtime in ("torch-fp16", "torch-bf16"):
+        if device != "cuda":
+            return "GPU only: PyTorch half precision is timed on a CUDA device, and there is none here"
+        peer = copy.deepcopy(model).to(torch.float16 if runtime == "torch-fp16" else torch.bfloat16)
+    elif runtime == "torch-int8":
+        if device != "cpu":
+            return "CPU only: PyTorch's dynamically quantized nn.Linear has no CUDA kernels"
+        with torch.no_grad():
+            peer = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    elif runtime == "torch-compile":
+        peer = torch.compile(model)
+    else:  # pragma: no cover - check_choice above
+        raise UsageError(runtime)
+    return _torch_callable(LoadedModel(peer.eval(), loaded.input_names, loaded.kind, loaded.path,
+                                       loaded.meta))
+
+
+def check_peer_parity(loaded, peer, runtime: str, device: str, batch: int = 2, length: int = 16
+                      ) -> dict[str, Any]:
+    """Logits of ``peer`` against eager fp32 on one padded batch; ParityError beyond ``PEER_ATOL``.
+    For torch-compile the call compiles, and ``compile_s`` (that first call) is returned too."""
+    from compress.errors import ParityError
+    from compress.export.onnx import example_inputs, torch_logits
+
+    feeds = {k: v.to(device) for k, v in example_inputs(loaded, batch, length).items()}
+    want = torch_logits(loaded, feeds).float()
+    start = time.perf_counter()
+    got = peer(**feeds).float()
+    _sync(device)
+    first_s = time.perf_counter() - start
+    diff = float((got - want).abs().max())
+    atol = PEER_ATOL[runtime]
+    if not diff <= atol:  # also NaN
+        raise ParityError(f"{runtime} logits differ from PyTorch eager fp32 by {diff:.3g} > {atol:g} "
+                          f"at batch {batch} x length {length}")
+    out = {"atol": atol, "max_abs_diff": diff, "shape": [batch, length],
+           "argmax_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean())}
+    if runtime == "torch-compile":
+        out["compile_s"] = first_s
+    return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _first_call_s(fn, device: str) -> float:
+    """Seconds of one call, synchronized: torch.compile's (re)compilation for a new shape."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def onnx_precision(path: str) -> str:
+    """fp16/bf16 when the file's weight matrices are float16/bfloat16 (``compress export
+    --precision``), else fp32 (int8 files included: their rows stay ``ort``)."""
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.load(str(path), load_external_data=False)
+    types = {i.data_type for i in model.graph.initializer if len(i.dims) >= 2}
+    for precision, kind in (("fp16", TensorProto.FLOAT16), ("bf16", TensorProto.BFLOAT16)):
+        if kind in types:
+            return precision
+    return "fp32"
 
 
 def _load_average() -> float | None:
@@ -253,7 +368,8 @@ _ID_PRESERVING = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identit
 def _onnx_vocab(path: str) -> int:
     """Token-id range of an ONNX model: the first dimension of the table that ``input_ids`` index
     (BERT's word embeddings, not its 512-row position table; a student's embedding or
-    vocabulary-sized buffer), through Cast/Reshape-like nodes and an int8 model's DequantizeLinear."""
+    vocabulary-sized buffer, an optimized graph's EmbedLayerNormalization), through Cast/Reshape-like
+    nodes and an int8 model's DequantizeLinear."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -273,6 +389,9 @@ def _onnx_vocab(path: str) -> int:
 
     sizes = [table(n.input[0]) for n in model.graph.node
              if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] in ids]
+    # an optimized graph fuses the word-embedding Gather: EmbedLayerNormalization(ids, segments, words...)
+    sizes += [table(n.input[2]) for n in model.graph.node
+              if n.op_type == "EmbedLayerNormalization" and len(n.input) > 2 and n.input[0] in ids]
     sizes = [v for v in sizes if v]
     return min(sizes) if sizes else 30522
 
@@ -310,7 +429,7 @@ def format_bench(result: dict[str, Any]) -> str:
     peak = result["matmul_peak"]
     lines = [f"dense fp32 matmul peak: {peak['gflops']:.1f} GFLOP/s ({peak['n']}^3 on {peak['device']}, "
              f"{peak['threads']} threads); provider {result['provider']}; baseline = {result['baseline']}",
-             f"{'model':<28} {'runtime':<7} {'batch':>5} {'len':>5} {'mean ms':>9} {'median':>9} "
+             f"{'model':<28} {'runtime':<13} {'batch':>5} {'len':>5} {'mean ms':>9} {'median':>9} "
              f"{'p90':>9} {'ex/s':>9} {'x base':>7} {'rounds':>11} {'GFLOP/s':>8} {'% peak':>7}"]
     for r in result["rows"]:
         g = r["achieved_gflops"]
@@ -319,9 +438,16 @@ def format_bench(result: dict[str, Any]) -> str:
         ratio = f"{r['vs_baseline']:6.2f}x" if r["vs_baseline"] is not None else f"{'-':>7}"
         by_round = r.get("vs_baseline_by_round")
         spread = f"{min(by_round):.2f}-{max(by_round):.2f}" if by_round else "-"
-        lines.append(f"{r['model'][:28]:<28} {r['runtime']:<7} {r['batch']:>5} {r['seq_len']:>5} "
+        lines.append(f"{r['model'][:28]:<28} {r['runtime']:<13} {r['batch']:>5} {r['seq_len']:>5} "
                      f"{r['mean_ms']:9.2f} {r['median_ms']:9.2f} {r['p90_ms']:9.2f} {r['throughput']:9.1f} "
                      f"{ratio} {spread:>11} {gtxt} {ptxt}")
+    for skip in result.get("skipped", []):
+        lines.append(f"skipped: {skip['model']} {skip['runtime']}: {skip['reason']}")
+    compiled = [f"{r['model']} {r['batch']}x{r['seq_len']} {r['compile_s']:.1f} s"
+                for r in result["rows"] if r.get("compile_s") is not None]
+    if compiled:
+        lines.append("torch-compile: compilation (first call at each shape, not in the timings): "
+                     + ", ".join(compiled))
     load, cores = result.get("load_average_1min"), result.get("cpu_count")
     if load is not None and cores and load > cores:
         lines.append(f"warning: load average {load:.1f} > {cores} cores while timing: other processes "
