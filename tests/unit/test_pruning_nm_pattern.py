@@ -201,3 +201,22 @@ def test_measure_reports_the_pattern_and_storage_only_on_this_cpu():
     text = format_measure({**r, "disk": None})
     assert "will the 2:4 pattern be faster? here (CPU, no CUDA device): storage only; " \
            "CUDA capability >= 8.0: yes" in text
+
+
+def test_two_four_masks_have_the_layout_of_pytorchs_semi_structured_format():
+    """PyTorch's own (CPU-runnable) conversion to the CUTLASS semi-structured format round-trips a
+    matrix exactly only when it is 2:4 along its rows: ours does, an unstructured 50% mask or the
+    pattern along the other dimension does not."""
+    conv = pytest.importorskip("torch.sparse._semi_structured_conversions")
+
+    def round_trips(dense: torch.Tensor) -> bool:
+        sparse, meta = conv.sparse_semi_structured_from_dense_cutlass(dense)
+        return torch.equal(conv.sparse_semi_structured_to_dense_cutlass(sparse, meta), dense)
+
+    from compress.pruning.masks import mask_from_scores
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 128).half()  # [out, in], the kernels' minimum fp16 tile is 32 x 64
+    assert round_trips(w * nm_mask(w.abs(), 2, 4))
+    assert not round_trips(w * mask_from_scores(w.abs(), 0.5))
+    assert not round_trips((w.t() * nm_mask(w.t().abs(), 2, 4)).t().contiguous())
