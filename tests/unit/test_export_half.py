@@ -8,6 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, numpy_helper
 
 from compress.errors import UsageError
@@ -174,3 +175,19 @@ def test_precision_is_a_documented_cli_option(capsys):
         main(["export", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--precision" in text and "choices: fp32, fp16, bf16" in text and "--half-atol" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_exports_run_on_onnxruntime_cuda_within_tolerance(tiny_bert, tmp_path, precision):
+    """On a GPU the check really runs half-precision kernels; a bf16 node without a CUDA kernel fails
+    here (the session refuses it) rather than being skipped."""
+    from compress.export.onnx import half_session_error
+
+    path = tmp_path / f"{precision}.onnx"
+    cfg = ExportConfig(model=str(tiny_bert), to=str(path), precision=precision, provider="cuda")
+    report = run_export(cfg)
+    assert half_session_error(path, "CUDAExecutionProvider") is None
+    p = report[f"parity_{precision}"]
+    assert "skipped" not in p and p["max_abs_diff"]["logits"] <= p["atol"]

@@ -111,6 +111,7 @@ def test_bound_call_gives_the_plain_run_outputs_on_inputs_placed_once(tiny_bert,
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers()
                     or not torch.cuda.is_available(), reason="needs a GPU and onnxruntime's CUDA provider")
+@pytest.mark.gpu
 def test_bound_call_keeps_inputs_and_outputs_on_the_gpu(tiny_bert, tmp_path):
     loaded = load_torch_model(str(tiny_bert))
     ort = OrtModel(export_onnx(loaded, tmp_path / "m.onnx"), provider="cuda")

@@ -1,0 +1,208 @@
+"""The GPU check's driver (run by ``benchmarks/gpu_check.sh``): half-precision exports and PyTorch
+peers on a CUDA machine, with no hub and no ../shared.
+
+1. builds random-weight BERT classifiers from config: MiniLM's shapes (6 layers, hidden 384,
+   12 heads, FFN 1536) and BERT-base's (12 layers, 768, 12 heads, 3072), vocabulary 30522;
+2. exports each with the real CLI: fp32 optimized, fp16 (and bf16 for the MiniLM shape: does
+   onnxruntime's CUDA provider run the bfloat16 graph?), each with its parity check on CUDA;
+3. ``compress bench`` of each: PyTorch eager fp32 (the baseline), torch-fp16, torch-bf16,
+   torch-compile, and the onnxruntime CUDA fp32/fp16(/bf16) files, at batch 32 x 128 and 1 x 128;
+4. runs the tests marked ``gpu``;
+5. writes ``<out>/gpu_check.json`` after every step (a killed run keeps what it finished): every
+   step's command, exit code, seconds and output tail, the export reports, each bench table.
+
+Steps run in order of what the GPU question needs most and stop when ``--budget-s`` is spent (the
+rest are recorded as not run). ``--tiny`` is the CPU rehearsal a test runs: one 2-layer hidden-32
+model, fp16 only, CPU runtimes (torch, torch-int8; torch-fp16 reported as skipped), batch 2 x 16,
+no tests step.
+
+    python benchmarks/gpu_check.py --out /tmp/gpu-check            # on a GPU machine
+    python benchmarks/gpu_check.py --out /tmp/gpu-check --tiny     # rehearsal anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# name -> (layers, hidden, heads, FFN)
+GPU_SHAPES = {"minilm-shape": (6, 384, 12, 1536), "bert-base-shape": (12, 768, 12, 3072)}
+TINY_SHAPES = {"tiny": (2, 32, 4, 64)}
+VOCAB = 30522
+GPU_BENCH = ["--batch-sizes", "32,1", "--seq-lens", "128", "--warmup", "3", "--iterations", "20",
+             "--rounds", "3", "--provider", "cuda", "--runtimes", "torch,torch-fp16,torch-bf16,torch-compile"]
+TINY_BENCH = ["--batch-sizes", "2", "--seq-lens", "16", "--warmup", "1", "--iterations", "1",
+              "--rounds", "1", "--settle-s", "0", "--matmul-n", "64", "--provider", "cpu",
+              "--runtimes", "torch,torch-fp16,torch-int8"]
+GPU_TESTS = ["tests/unit/test_export_half.py", "tests/unit/test_bench_peers.py",
+             "tests/unit/test_export_parity.py"]
+
+
+class Check:
+    """The run's record: steps in order, written to ``gpu_check.json`` after each one."""
+
+    def __init__(self, out: Path, budget_s: float):
+        self.out = out
+        self.start = time.monotonic()
+        self.budget_s = budget_s
+        self.record: dict = {"budget_s": budget_s, "environment": environment(), "steps": [],
+                             "exports": {}, "bench": {}, "tests": None}
+        self.save()
+
+    def left_s(self) -> float:
+        return self.budget_s - (time.monotonic() - self.start)
+
+    def save(self) -> None:
+        self.record["elapsed_s"] = round(time.monotonic() - self.start, 1)
+        tmp = self.out / ".gpu_check.json.tmp"
+        tmp.write_text(json.dumps(self.record, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(self.out / "gpu_check.json")
+
+    def run(self, name: str, cmd: list[str], min_s: float = 20.0) -> dict:
+        """Run ``cmd`` (in the repository root) within what is left of the budget; record it."""
+        step: dict = {"name": name, "cmd": cmd}
+        left = self.left_s()
+        if left < min_s:
+            step.update(rc=None, not_run=f"out of time ({left:.0f} s of the budget left)")
+        else:
+            t0 = time.monotonic()
+            try:
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left,
+                                      env={**os.environ, "HF_HUB_OFFLINE": "1", "COMPRESS_NO_PROGRESS": "1"})
+                step.update(rc=proc.returncode, tail=(proc.stdout[-3000:] + proc.stderr[-3000:]))
+            except subprocess.TimeoutExpired as exc:
+                said = exc.stdout or ""
+                said = said.decode(errors="replace") if isinstance(said, bytes) else said
+                step.update(rc=None, timed_out=True, tail=said[-3000:])
+            step["seconds"] = round(time.monotonic() - t0, 1)
+        self.record["steps"].append(step)
+        self.save()
+        return step
+
+
+def environment() -> dict:
+    """What ran: Python, torch and its CUDA device, onnxruntime and its providers."""
+    env: dict = {"python": platform.python_version(), "machine": platform.machine()}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            env["cuda_device"] = torch.cuda.get_device_name(0)
+            env["cuda_capability"] = list(torch.cuda.get_device_capability(0))
+            env["cuda_runtime"] = torch.version.cuda
+    except ImportError as exc:
+        env["torch"] = f"not importable: {exc}"
+    try:
+        import onnxruntime
+
+        env["onnxruntime"] = onnxruntime.__version__
+        env["onnxruntime_providers"] = onnxruntime.get_available_providers()
+    except ImportError as exc:
+        env["onnxruntime"] = f"not importable: {exc}"
+    return env
+
+
+def build_model(folder: Path, layers: int, hidden: int, heads: int, ffn: int) -> Path:
+    """A randomly initialised 2-label BERT classifier of the given shape, saved as safetensors."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=512,
+                     num_labels=2)
+    BertForSequenceClassification(cfg).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for gpu_check.json, models, exports, benches")
+    parser.add_argument("--tiny", action="store_true", help="CPU rehearsal: one tiny model, CPU runtimes")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps after this")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    check = Check(out, args.budget_s)
+    check.record["mode"] = "tiny" if args.tiny else "gpu"
+    python = [sys.executable]
+    cli = [*python, "-m", "compress"]
+    shapes = TINY_SHAPES if args.tiny else GPU_SHAPES
+    provider = "cpu" if args.tiny else "cuda"
+
+    models = {}
+    for name, (layers, hidden, heads, ffn) in shapes.items():
+        models[name] = build_model(out / "models" / name, layers, hidden, heads, ffn)
+    check.record["models"] = {n: dict(zip(("layers", "hidden", "heads", "ffn"), shape))
+                              for n, shape in shapes.items()}
+    check.save()
+
+    def export(name: str, precision: str) -> Path | None:
+        dst = out / "onnx" / f"{name}-{precision}.onnx"
+        dst.parent.mkdir(exist_ok=True)
+        flags = ["--optimize"] if precision == "fp32" else ["--precision", precision]
+        step = check.run(f"export {name} {precision}", [*cli, "export", str(models[name]), "--to", str(dst),
+                                                        "--provider", provider, *flags])
+        report = dst.with_suffix(".json")
+        if step.get("rc") == 0 and report.is_file():
+            check.record["exports"].setdefault(name, {})[precision] = json.loads(report.read_text())
+            check.save()
+            return dst
+        return None
+
+    def bench(name: str, files: dict[str, Path | None]) -> None:
+        entries = [f"{name}={models[name]}"]
+        for precision, path in files.items():
+            parity = check.record["exports"].get(name, {}).get(precision, {}).get(f"parity_{precision}", {})
+            if path is not None and "skipped" not in parity:  # a graph the provider cannot run is left out
+                entries.append(f"ort-{precision}={path}")
+        run_dir = out / "bench" / name
+        step = check.run(f"bench {name}", [*cli, "bench", *entries, *(TINY_BENCH if args.tiny else GPU_BENCH),
+                                           "--out", str(run_dir)], min_s=30.0)
+        result = run_dir / "bench.json"
+        if step.get("rc") == 0 and result.is_file():
+            data = json.loads(result.read_text())
+            check.record["bench"][name] = {
+                "table": [{k: r.get(k) for k in ("model", "runtime", "batch", "seq_len", "mean_ms", "p90_ms",
+                                                  "throughput", "vs_baseline", "compile_s")}
+                          for r in data["rows"]],
+                "skipped": data.get("skipped", []), "peer_parity": data["models"][0].get("peer_parity"),
+                "text": (run_dir / "bench.txt").read_text() if (run_dir / "bench.txt").is_file() else None}
+            check.save()
+
+    names = list(shapes)
+    first = names[0]
+    files = {"fp32": export(first, "fp32"), "fp16": export(first, "fp16")}
+    if not args.tiny:
+        files["bf16"] = export(first, "bf16")
+    bench(first, files)
+    if not args.tiny:
+        junit = out / "gpu-tests.xml"
+        # addopts emptied: one process (no xdist workers competing for the one GPU)
+        step = check.run("tests marked gpu", [*python, "-m", "pytest", "-o", "addopts=", "-q", "-m", "gpu",
+                                              "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}",
+                                              *GPU_TESTS])
+        check.record["tests"] = {"rc": step.get("rc"), "junit": str(junit) if junit.is_file() else None}
+        check.save()
+    for name in names[1:]:
+        bench(name, {"fp32": export(name, "fp32"), "fp16": export(name, "fp16")})
+    failed = [s["name"] for s in check.record["steps"] if s.get("rc") not in (0, None) or s.get("timed_out")]
+    check.record["failed_steps"] = failed
+    check.record["not_run"] = [s["name"] for s in check.record["steps"] if "not_run" in s]
+    check.save()
+    print(f"gpu check: {len(check.record['steps'])} steps, failed: {failed or 'none'}, "
+          f"not run: {check.record['not_run'] or 'none'} -> {out / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

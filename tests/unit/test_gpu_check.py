@@ -1,0 +1,48 @@
+"""benchmarks/gpu_check.sh, rehearsed on the CPU (--tiny): every step runs through the real CLI and
+gpu_check.json holds the exports, the bench table and the skips; a spent budget is recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _run(*args: str, out, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "benchmarks" / "gpu_check.sh"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+                                                      **(env or {})})
+
+
+def test_tiny_rehearsal_writes_exports_bench_table_and_skips(tmp_path):
+    proc = _run("--tiny", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert record["mode"] == "tiny" and record["failed_steps"] == [] and record["not_run"] == []
+    assert [s["name"] for s in record["steps"]] == ["export tiny fp32", "export tiny fp16", "bench tiny"]
+    exports = record["exports"]["tiny"]
+    assert exports["fp16"]["half"]["half_initializers"] > 0 and exports["fp32"]["fused_ops"]["Attention"] == 2
+    table = record["bench"]["tiny"]["table"]
+    assert {(r["model"], r["runtime"]) for r in table} == {
+        ("tiny", "torch"), ("tiny", "torch-int8"), ("ort-fp32", "ort"), ("ort-fp16", "ort-fp16")}
+    assert all(r["mean_ms"] > 0 and r["vs_baseline"] > 0 for r in table)
+    assert [s["runtime"] for s in record["bench"]["tiny"]["skipped"]] == ["torch-fp16"]
+    assert "torch" in record["environment"] and (tmp_path / "nvidia-smi.txt").is_file()
+    assert "gpu check: 3 steps, failed: none" in proc.stdout
+
+
+def test_a_spent_budget_is_recorded_not_silent(tmp_path):
+    driver = ROOT / "benchmarks" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(driver), "--out", str(tmp_path), "--tiny", "--budget-s", "0"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert record["not_run"] == ["export tiny fp32", "export tiny fp16", "bench tiny"]
+    assert all(s["not_run"].startswith("out of time") for s in record["steps"])
