@@ -528,7 +528,9 @@ def convert_to_half(src: str | Path, dst: str | Path, precision: str = "fp16") -
     bfloat16: neither onnx nor onnxruntime ship a converter; the float16 conversion is made with
     ``BF16_FLOAT32_OPS`` also blocked, then every float16 type (initializers, value infos, Cast
     targets, Constant values) is retyped to bfloat16, initializers and constants re-rounded from
-    the float32 originals rather than from their float16 copies. Returns ``{"precision",
+    the float32 originals rather than from their float16 copies. Standard ops whose ONNX schema at
+    the model's opset has no bfloat16 (Conv, LSTM, ConstantOfShape before opset 20: the students'
+    graphs) are blocked too (``ops_without_bfloat16``). Returns ``{"precision",
     "float32_ops": [op types kept in float32], "half_initializers": n, "float32_initializers": n}``.
     """
     import onnx
@@ -542,7 +544,9 @@ def convert_to_half(src: str | Path, dst: str | Path, precision: str = "fp16") -
                  if i.data_type == TensorProto.FLOAT}
     constants = {n.name: numpy_helper.to_array(a.t) for n in model.graph.node if n.op_type == "Constant"
                  for a in n.attribute if a.name == "value" and a.t.data_type == TensorProto.FLOAT}
-    blocked = list(DEFAULT_OP_BLOCK_LIST) + (list(BF16_FLOAT32_OPS) if precision == "bf16" else [])
+    blocked = list(DEFAULT_OP_BLOCK_LIST)
+    if precision == "bf16":
+        blocked += [*BF16_FLOAT32_OPS, *sorted(ops_without_bfloat16(model))]
     opt = OnnxModel(model)
     quiet = logging.getLogger("onnxruntime.transformers")
     level = quiet.level
@@ -561,6 +565,26 @@ def convert_to_half(src: str | Path, dst: str | Path, precision: str = "fp16") -
     return {"precision": precision, "float32_ops": sorted(present & set(blocked)),
             "half_initializers": sum(i.data_type == half for i in model.graph.initializer),
             "float32_initializers": sum(i.data_type == TensorProto.FLOAT for i in model.graph.initializer)}
+
+
+def ops_without_bfloat16(model) -> set[str]:
+    """Op types of ``model``'s default-domain nodes whose schema, at the model's opset, accepts
+    float32 but not bfloat16 in some type constraint (a bfloat16 node of that type is invalid ONNX).
+    Contrib ops (com.microsoft) are not in onnx's schemas and are left to ``BF16_FLOAT32_OPS``."""
+    import onnx
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    out = set()
+    for op in {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}:
+        try:
+            schema = onnx.defs.get_schema(op, opset, "")
+        except onnx.defs.SchemaError:
+            continue
+        floats = [set(c.allowed_type_strs) for c in schema.type_constraints
+                  if "tensor(float)" in c.allowed_type_strs]
+        if any("tensor(bfloat16)" not in allowed for allowed in floats):
+            out.add(op)
+    return out
 
 
 def _retype_float16_as_bfloat16(graph, originals: dict[str, np.ndarray], constants: dict[str, np.ndarray]

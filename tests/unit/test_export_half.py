@@ -22,6 +22,7 @@ from compress.export.onnx import (
     load_torch_model,
     optimize_onnx,
     run_export,
+    wrap_module,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -137,6 +138,25 @@ def test_bf16_weights_round_from_float32_not_from_float16(tmp_path):
     assert np.all(got == 1 + 2**-7)
     assert _io_types(model) == {"x": TensorProto.FLOAT, "y": TensorProto.FLOAT}
     onnx.checker.check_model(model, full_check=True)
+
+
+def test_bf16_keeps_ops_without_a_bf16_schema_in_float32(tmp_path):
+    """Conv (opset 17) has no bfloat16 type: KimCNN-like graphs keep it in float32 and stay valid."""
+    class ConvNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(300, 8)
+            self.conv = torch.nn.Conv1d(8, 4, 3, padding=1)
+            self.out = torch.nn.Linear(4, 2)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.out(self.conv(self.emb(input_ids).transpose(1, 2)).amax(-1))
+
+    torch.manual_seed(0)
+    path = export_onnx(wrap_module(ConvNet()), tmp_path / "m.onnx")
+    info = convert_to_half(path, tmp_path / "b.onnx", "bf16")
+    assert "Conv" in info["float32_ops"] and info["half_initializers"] > 0
+    onnx.checker.check_model(onnx.load(str(tmp_path / "b.onnx")), full_check=True)
 
 
 def test_precision_options_are_validated():
