@@ -263,10 +263,11 @@ def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128
 
 
 def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float = 1e-4,
-                shapes: Sequence[tuple[int, int]] = ((1, 8), (2, 16), (3, 37)), opset: int = 17,
+                shapes: Sequence[tuple[int, int]] | None = None, opset: int = 17,
                 provider: str = "cpu") -> dict[str, Any]:
     """Export ``model`` to ONNX at ``path`` (dynamic batch and sequence axes, output ``logits``) and
-    check parity with PyTorch on every (batch, length) of ``shapes``, with padding; ParityError
+    check parity with PyTorch on every (batch, length) of ``shapes`` (default: the export's own
+    ``DEFAULT_SHAPES``, lengths 1 and 3 included), with padding; ParityError
     names each output, its max difference and the shapes where it exceeded ``atol``. The file is
     written beside ``path`` under a temporary name and moved there only when parity holds, never
     over an existing file. Returns ``{"file", "inputs", "parity"}``.
@@ -275,7 +276,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     For ``--optimize``/``--quantize int8`` export a saved folder with ``compress export``.
     """
     from compress.errors import UsageError
-    from compress.export.onnx import check_parity
+    from compress.export.onnx import DEFAULT_SHAPES, check_parity
     from compress.export.onnx import export_onnx as export_loaded
     from compress.export.ort import resolve_provider
 
@@ -292,6 +293,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     tmp = dst.parent / f".tmp-{dst.name}"
     try:
         export_loaded(loaded, tmp, opset)
+        shapes = DEFAULT_SHAPES if shapes is None else shapes
         parity = check_parity(loaded, tmp, tuple(tuple(s) for s in shapes), atol,
                               resolve_provider(provider), "fp32")
         shutil.move(str(tmp), dst)

@@ -218,8 +218,10 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
         lines.append("Not measured (no role table for this architecture, or its heads do not fit one).")
     lines += ["", f"## FLOPs per example (sequence length {seq_len})", ""]
     if flops:
-        lines += [f"- dense: {flops['dense_flops'] / 1e9:.4f} GFLOPs ({flops['dense_macs']:,} MACs)",
-                  f"- effective: {flops['effective_flops'] / 1e9:.4f} GFLOPs (MACs with a zero weight not "
+        from compress.measure.report import format_flops
+
+        lines += [f"- dense: {format_flops(flops['dense_flops'])} ({flops['dense_macs']:,} MACs)",
+                  f"- effective: {format_flops(flops['effective_flops'])} (MACs with a zero weight not "
                   "counted)",
                   f"- {flops['unit']}; not counted (element-wise): "
                   + (", ".join(flops.get("not_counted") or {}) or "none"),
