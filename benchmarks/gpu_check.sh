@@ -3,7 +3,7 @@
 #
 # Random-weight BERT classifiers with MiniLM's shapes (6 layers, hidden 384, 12 heads, FFN 1536)
 # and BERT-base's (12, 768, 12, 3072) are built from config; each is exported fp32 (optimized) and
-# fp16 (the MiniLM shape also bf16) with parity checks on onnxruntime CUDA; `compress bench` times
+# fp16 (the MiniLM shape also bf16, last) with parity checks on onnxruntime CUDA; `compress bench` times
 # PyTorch eager fp32 (the baseline), torch-fp16, torch-bf16, torch-compile and the onnxruntime CUDA
 # fp32/fp16 files at batch 32 x 128 and 1 x 128; the tests marked `gpu` run. Everything lands in
 # $OUT/gpu_check.json (rewritten after every step, so a cut-off run keeps what it finished), beside
