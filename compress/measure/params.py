@@ -106,7 +106,8 @@ def onnx_initializer_stats(path: str | Path) -> dict[str, Any]:
         if arr.dtype in (np.int8, np.uint8):
             int8 += n
             int8_nz += nz
-        elif arr.dtype.kind == "f" and arr.ndim >= 2 and group != "embeddings":
+        elif ((arr.dtype.kind == "f" or arr.dtype.name == "bfloat16")  # ml_dtypes' bfloat16 is kind "V"
+              and arr.ndim >= 2 and group != "embeddings"):
             fmat += n
             fmat_nz += nz
         if arr.ndim >= 2:

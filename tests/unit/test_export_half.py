@@ -159,6 +159,24 @@ def test_bf16_keeps_ops_without_a_bf16_schema_in_float32(tmp_path):
     onnx.checker.check_model(onnx.load(str(tmp_path / "b.onnx")), full_check=True)
 
 
+def test_pruning_zeros_of_half_precision_weights_are_counted(tmp_path):
+    """bfloat16 arrays (ml_dtypes) are not numpy kind "f": their zeros still count as pruning."""
+    from onnx import helper
+
+    from compress.measure.params import onnx_initializer_stats
+
+    w = np.ones((4, 4), np.float32)
+    w[:2] = 0
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "encoder.w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(w, "encoder.w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    for precision in ("fp16", "bf16"):
+        convert_to_half(tmp_path / "m.onnx", tmp_path / f"{precision}.onnx", precision)
+        assert onnx_initializer_stats(tmp_path / f"{precision}.onnx")["float_matrix_sparsity"] == 0.5
+
+
 def test_precision_options_are_validated():
     with pytest.raises(UsageError, match="fp32, fp16, bf16"):
         ExportConfig(to="m.onnx", precision="fp8")
