@@ -36,6 +36,7 @@ import torch
 
 from compress.config import check_choice, check_range, to_dict
 from compress.errors import UsageError
+from compress.measure.latency import _sync
 
 RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-int8")
 DEFAULT_RUNTIMES = ("torch", "ort")
@@ -141,8 +142,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     vnni = cpu_vnni_flags()
 
     flops_cache: dict[tuple[str, int], int] = {}
-
-    skipped: list[dict[str, str]] = []
+    skipped: list[dict[str, str]] = []  # {model, runtime, reason}: runtimes that cannot run here
 
     def flops_of(src: str | None, length: int) -> int | None:
         if src is None:
@@ -261,7 +261,6 @@ def torch_peer(loaded, runtime: str, device: str):
     happens on the first call of each shape). torch-int8 is ``torch.ao.quantization.quantize_dynamic``
     of every ``nn.Linear`` on a copy (int8 weights, activations quantized per call; CPU kernels only).
     """
-    from compress.errors import UsageError
     from compress.export.onnx import LoadedModel
 
     check_choice("runtime", runtime, TORCH_PEERS)
@@ -275,10 +274,8 @@ def torch_peer(loaded, runtime: str, device: str):
             return "CPU only: PyTorch's dynamically quantized nn.Linear has no CUDA kernels"
         with torch.no_grad():
             peer = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    elif runtime == "torch-compile":
+    else:  # torch-compile
         peer = torch.compile(model)
-    else:  # pragma: no cover - check_choice above
-        raise UsageError(runtime)
     return _torch_callable(LoadedModel(peer.eval(), loaded.input_names, loaded.kind, loaded.path,
                                        loaded.meta))
 
@@ -306,11 +303,6 @@ def check_peer_parity(loaded, peer, runtime: str, device: str, batch: int = 2, l
     if runtime == "torch-compile":
         out["compile_s"] = first_s
     return out
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _first_call_s(fn, device: str) -> float:
