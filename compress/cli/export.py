@@ -46,7 +46,7 @@ def run(args):
                 continue
             lines.append(f"parity {p['label']}: max |diff| {max(p['max_abs_diff'].values()):.3g} "
                          f"<= {p['atol']:g} on {len(p['shapes'])} shapes; argmax agreement "
-                         f"{p['argmax_agreement']:.1%}")
+                         f"{p['argmax_agreement']:.1%}" + (f" ({p['note']})" if "note" in p else ""))
     if report.get("fused_ops"):  # nothing fused: the fusion line alone says so, and why
         fused = ", ".join(f"{k} {v}" for k, v in report["fused_ops"].items())
         lines.append(f"fused ops: {fused}")
