@@ -212,7 +212,9 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig) -> dict:
 
 def pruning_meta(cfg: PruneConfig, pruner: MagnitudePruner | None, structured: dict | None) -> dict:
     meta = {"stage": cfg.stage, "sparsity": cfg.sparsity, "criterion": cfg.criterion,
-            "scope": cfg.scope, "schedule": cfg.schedule, "seed": cfg.seed}
+            "scope": cfg.scope, "seed": cfg.seed,
+            # structured pruning removes its units once, at the start of training or recovery
+            "schedule": "oneshot" if cfg.structured else cfg.schedule}
     if pruner is not None:
         sch = pruner.schedule
         meta.update({"masks_file": MASKS_FILE, "targets": list(pruner.params),
