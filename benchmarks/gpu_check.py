@@ -10,7 +10,10 @@ peers on a CUDA machine, with no hub and no ../shared.
    a bf16 export checked on CUDA (does onnxruntime's CUDA provider run the bfloat16 graph?), and a
    bf16 export of the MiniLM shape comes last if time is left;
 5. writes ``<out>/gpu_check.json`` after every step (a killed run keeps what it finished): every
-   step's command, exit code, seconds and output tail, the export reports, each bench table.
+   step's command, exit code, seconds and output tail, the export reports, each bench table; the
+   bench run folders and the tests' JUnit XML go beside it. The models and .onnx files (about
+   1.5 GB with BERT-base's) go to ``--work`` (default: a temporary folder removed at the end), so
+   ``<out>`` stays small enough to copy back from the GPU machine.
 
 Steps run in order of what the GPU question needs most and stop when ``--budget-s`` is spent (the
 rest are recorded as not run). ``--tiny`` is the CPU rehearsal a test runs: one 2-layer hidden-32
@@ -27,8 +30,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,9 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for gpu_check.json, models, exports, benches")
     parser.add_argument("--tiny", action="store_true", help="CPU rehearsal: one tiny model, CPU runtimes")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps after this")
+    parser.add_argument("--work", help="folder for the models and .onnx files (kept); default: a "
+                                       "temporary folder, removed at the end")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_check(args, out, work)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_check(args: argparse.Namespace, out: Path, work: Path) -> int:
     check = Check(out, args.budget_s)
     check.record["mode"] = "tiny" if args.tiny else "gpu"
     python = [sys.executable]
@@ -142,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
 
     models = {}
     for name, (layers, hidden, heads, ffn) in shapes.items():
-        models[name] = build_model(out / "models" / name, layers, hidden, heads, ffn)
+        models[name] = build_model(work / "models" / name, layers, hidden, heads, ffn)
     check.record["models"] = {n: dict(zip(("layers", "hidden", "heads", "ffn"), shape))
                               for n, shape in shapes.items()}
     check.save()
 
     def export(name: str, precision: str) -> Path | None:
-        dst = out / "onnx" / f"{name}-{precision}.onnx"
-        dst.parent.mkdir(exist_ok=True)
+        dst = work / "onnx" / f"{name}-{precision}.onnx"
+        dst.parent.mkdir(parents=True, exist_ok=True)
         flags = ["--optimize"] if precision == "fp32" else ["--precision", precision]
         step = check.run(f"export {name} {precision}", [*cli, "export", str(models[name]), "--to", str(dst),
                                                         "--provider", provider, *flags])

@@ -7,7 +7,8 @@
 # PyTorch eager fp32 (the baseline), torch-fp16, torch-bf16, torch-compile and the onnxruntime CUDA
 # fp32/fp16 files at batch 32 x 128 and 1 x 128; the tests marked `gpu` run. Everything lands in
 # $OUT/gpu_check.json (rewritten after every step, so a cut-off run keeps what it finished), beside
-# the models, the .onnx files with their reports, the bench run folders and the tests' JUnit XML.
+# the bench run folders and the tests' JUnit XML; the models and .onnx files (about 1.5 GB) go to
+# $WORK if set (kept), else to a temporary folder removed at the end.
 #
 #   OUT=/tmp/gpu-check benchmarks/gpu_check.sh          # PYTHON=... to choose the interpreter
 #   benchmarks/gpu_check.sh --tiny                      # the CPU rehearsal (what the test runs)
@@ -23,4 +24,4 @@ if [ -z "$PY" ]; then
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false COMPRESS_NO_PROGRESS=1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi: not available" > "$OUT/nvidia-smi.txt"
-timeout 470 "$PY" benchmarks/gpu_check.py --out "$OUT" --budget-s 420 "$@"
+timeout 470 "$PY" benchmarks/gpu_check.py --out "$OUT" ${WORK:+--work "$WORK"} --budget-s 420 "$@"

@@ -36,6 +36,7 @@ def test_tiny_rehearsal_writes_exports_bench_table_and_skips(tmp_path):
     assert [s["runtime"] for s in record["bench"]["tiny"]["skipped"]] == ["torch-fp16"]
     assert "torch" in record["environment"] and (tmp_path / "nvidia-smi.txt").is_file()
     assert "gpu check: 3 steps, failed: none" in proc.stdout
+    assert not list(tmp_path.rglob("*.onnx")) and not list(tmp_path.rglob("*.safetensors"))  # kept small
 
 
 def test_a_spent_budget_is_recorded_not_silent(tmp_path):
