@@ -124,13 +124,13 @@ def plan_removal(scores: list[torch.Tensor], sparsity: float, unit: str) -> list
     """Per layer, the indices to keep after removing ``round(sparsity * total)`` of the units with the
     lowest layer-normalised score, ranked across layers (ties: earlier layer, lower index first).
 
-    ModelError, before anything changes, when that would empty a layer or when the sparsity is too
+    UsageError, before anything changes, when that would empty a layer or when the sparsity is too
     small to remove a single unit.
     """
     total = sum(len(s) for s in scores)
     n_remove = round(sparsity * total)
     if sparsity > 0 and n_remove == 0:
-        raise ModelError(f"sparsity {sparsity} of {total} {unit} removes none (one {unit[:-1]} is "
+        raise UsageError(f"sparsity {sparsity} of {total} {unit} removes none (one {unit[:-1]} is "
                          f"{1 / total:.1%}); use a --sparsity of at least {1 / (2 * total):.3f}")
     normalised = torch.cat([s / s.mean().clamp_min(1e-30) for s in scores])
     order = torch.argsort(normalised, stable=True)[:n_remove].tolist()
@@ -144,7 +144,7 @@ def plan_removal(scores: list[torch.Tensor], sparsity: float, unit: str) -> list
     keep = [[j for j in range(len(s)) if j not in gone] for s, gone in zip(scores, removed)]
     emptied = [i for i, k in enumerate(keep) if not k]
     if emptied:
-        raise ModelError(f"removing {sparsity:.0%} of the {unit} ({n_remove} of {total}) ranked across "
+        raise UsageError(f"removing {sparsity:.0%} of the {unit} ({n_remove} of {total}) ranked across "
                          f"layers would leave layer {emptied[0]} with none; use a lower --sparsity")
     return keep
 
@@ -198,7 +198,7 @@ def prune_structured(model: nn.Module, sparsity: float,
     QuestionAnswering, MaskedLM or TokenClassification models; afterwards it is the matching
     ``Compress*`` class with a ``compress_<type>`` config recording the per-layer sizes, so
     ``save_pretrained`` / ``from_pretrained`` round-trip. A sparsity that would empty a layer or
-    remove nothing is refused (ModelError) with the model unchanged.
+    remove nothing is refused (UsageError) with the model unchanged.
     Returns the sizes before/after, the heads kept per layer and the parameter counts.
     """
     targets = tuple(targets)
@@ -206,7 +206,7 @@ def prune_structured(model: nn.Module, sparsity: float,
     layout = find_layout(model)
     if layout is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise ModelError(f"structured pruning supports the BERT-family encoders of the role table "
+        raise UsageError(f"structured pruning supports the BERT-family encoders of the role table "
                          f"({', '.join(SUPPORTED)}), got {model_type}")
     pruned_class = _pruned_class(model)
     layers = encoder_layers(model, layout)

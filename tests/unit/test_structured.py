@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from compress.architectures import LAYOUTS, encoder_layers, head_layout
-from compress.errors import ModelError, UsageError
+from compress.errors import UsageError
 from compress.models import save_model
 from compress.pruning import modeling_pruned
 from compress.pruning.structured import (
@@ -149,7 +149,7 @@ def test_bad_input():
         prune_structured(tiny_classifier(), 1.0)
     with pytest.raises(UsageError, match="unknown structured target 'neurons'.*heads, ffn"):
         prune_structured(tiny_classifier(), 0.3, ("neurons",))
-    with pytest.raises(ModelError, match="BERT"):
+    with pytest.raises(UsageError, match="BERT"):
         prune_structured(torch.nn.Linear(3, 3), 0.3)
 
 
@@ -166,7 +166,7 @@ def test_a_sparsity_that_would_empty_a_layer_is_refused_not_silently_lowered():
         m.load_state_dict(model.state_dict())
         try:
             removed[s] = prune_structured(m, s, ("heads",))["heads_removed"]
-        except ModelError as exc:
+        except UsageError as exc:
             assert "would leave layer" in str(exc) and "use a lower --sparsity" in str(exc)
             removed[s] = None
     # whatever is returned honours the request within one head per layer
@@ -305,9 +305,9 @@ def test_fused_qkv_and_gated_ffn_rank_whole_heads_and_neurons(tiny_encoder):
 def test_refused_sparsity_leaves_the_model_unchanged(tiny_encoder):
     model = tiny_arch_classifier(tiny_encoder("roberta"))
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ModelError, match=r"would leave layer \d with none; use a lower --sparsity"):
+    with pytest.raises(UsageError, match=r"would leave layer \d with none; use a lower --sparsity"):
         prune_structured(model, 0.9, ("heads",))
-    with pytest.raises(ModelError, match="removes none"):
+    with pytest.raises(UsageError, match="removes none"):
         prune_structured(model, 0.05, ("heads",))  # 8 heads: 5% is not one head
     assert type(model).__name__ == "RobertaForSequenceClassification"
     assert model.config.model_type == "roberta"
