@@ -83,7 +83,8 @@ def check_model_flags(argv: list[str]) -> None:
 
     for name in MODEL_FLAGS[argv[0]]:
         value = getattr(known, name, None)
-        if value and value != "self":
+        # 'self' (prune's teacher) and 'bm25' (eval's ReQA baseline) name no model folder
+        if value and value not in ("self", "bm25"):
             resolve_model(value)
 
 
@@ -102,6 +103,19 @@ def quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
 
 
+def loud_libraries() -> None:
+    """--verbose: the libraries' own defaults, even where an earlier quiet call in this process (or
+    a parent's environment) turned them down."""
+    os.environ["TRANSFORMERS_VERBOSITY"] = "warning"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
+    os.environ["COMPRESS_NO_PROGRESS"] = "0"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_warning()
+        hf_logging.enable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -115,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if not args.verbose:
+    if args.verbose:
+        loud_libraries()
+    else:
         quiet_libraries()
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)

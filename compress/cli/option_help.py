@@ -154,7 +154,7 @@ CLASS_GROUP: dict[str, str] = {
     "DistillConfig": "distillation",
 }
 # QA options that only shape training; evaluation does not offer them
-QA_TRAINING_ONLY = ("skip_bad_examples", "objective", "objective_alpha", "pfa_alignment", "pfa_epsilon",
+QA_TRAINING_ONLY = ("objective", "objective_alpha", "pfa_alignment", "pfa_epsilon",
                     "hl_top_k", "aacl_tau")
 
 

@@ -113,7 +113,8 @@ def test_corrupt_model_file_is_one_line_and_leaves_nothing(tiny_classifier, tmp_
     code = main(["finetune", "--model", str(model), *ARGS, "--out", str(tmp_path / "r")])
     err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
     assert code == 1
-    assert len(err) == 1 and err[0].startswith("compress finetune: error: could not load model"), err
+    assert len(err) == 1 and err[0].startswith(f"compress finetune: error: {weights}"), err
+    assert "copy the folder again" in err[0]
     assert not (tmp_path / "r").exists() and not (tmp_path / ".tmp-r").exists()
 
 
