@@ -219,7 +219,9 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
         raise UsageError(f"the student's batch has {bs} rows and the teacher's {bt}; run both on the "
                          "same batch")
     if kd_lambda is None:
-        kd_lambda = 1.0 if multilabel else 4.0
+        from compress.distill.losses import default_kd_lambda
+
+        kd_lambda = default_kd_lambda(multilabel)
     check_range("kd_lambda", kd_lambda, 0)
     if labels is None:
         labels = torch.zeros(bs, dtype=torch.long, device=student_logits.device)

@@ -135,7 +135,8 @@ def find_layout(model: torch.nn.Module) -> EncoderLayout | None:
     return _BY_MODEL_TYPE.get(model_type) or _BY_MODEL_TYPE.get(base_model_type(model_type))
 
 
-def _canonical(model: torch.nn.Module, name: str) -> str:
+def canonical_name(model: torch.nn.Module, name: str) -> str:
+    """Strip the base-model prefix (``bert.``) so names agree across heads."""
     prefix = getattr(model, "base_model_prefix", "")
     if prefix and name.startswith(prefix + "."):
         return name[len(prefix) + 1:]
@@ -163,7 +164,7 @@ def encoder_layers(model: torch.nn.Module, layout: EncoderLayout | None = None) 
     pattern = re.compile(f"^{layout.layers}$")
     found: list[tuple[tuple[int, ...], str, torch.nn.Module]] = []
     for name, module in model.named_modules():
-        canon = _canonical(model, name)
+        canon = canonical_name(model, name)
         m = pattern.match(canon)
         if m:
             found.append((tuple(int(g) for g in m.groups()), canon, module))
@@ -231,8 +232,3 @@ def head_slices(role: str, weight_shape: tuple[int, ...], head_dim: int) -> list
     if role == "attn_out":
         return [[(1, h * head_dim, (h + 1) * head_dim)] for h in range(weight_shape[1] // head_dim)]
     raise ValueError(f"role '{role}' is not grouped by head")
-
-
-def ffn_width(layer: EncoderLayer, layout: EncoderLayout) -> int:
-    """Neurons of a layer's FFN (a gated FFN's input matrix holds two rows per neuron)."""
-    return layer.linears["ffn_out"].in_features

@@ -71,6 +71,11 @@ KD_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 KD_LOSS_CHOICES = ("kl", "mse")  # what a user picks; "kl" is Bernoulli KL for multi-label tasks
 
 
+def default_kd_lambda(multilabel: bool) -> float:
+    """The KD weight when none is given: 4 single-label, 1 multi-label (Adhikari et al. 2020)."""
+    return 1.0 if multilabel else 4.0
+
+
 def kd_loss_name(multilabel: bool, kind: str = "kl") -> str:
     """The KD_LOSSES entry for a task family and a user's choice (kl or mse)."""
     if kind == "mse":

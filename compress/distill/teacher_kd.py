@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.config import check_range
-from compress.distill.losses import distillation_loss
+from compress.distill.losses import default_kd_lambda, distillation_loss
 from compress.errors import UsageError
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
@@ -54,7 +54,7 @@ class TeacherKDOptions:
                                  "(or --teacher self) or drop it")
 
     def lambda_for(self, multilabel: bool) -> float:
-        return self.kd_lambda if self.kd_lambda is not None else (1.0 if multilabel else 4.0)
+        return self.kd_lambda if self.kd_lambda is not None else default_kd_lambda(multilabel)
 
 
 def check_teacher_fits(teacher_tokenizer, student_tokenizer, teacher_labels, student_labels,

@@ -22,7 +22,7 @@ from compress.distill.embeddings import (
     embedding_width,
     initial_embeddings,
 )
-from compress.distill.losses import KD_LOSS_CHOICES, kd_loss_name
+from compress.distill.losses import KD_LOSS_CHOICES, default_kd_lambda, kd_loss_name
 from compress.distill.report import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.teacher import (
     CACHE_DIR,
@@ -259,7 +259,7 @@ def run_distill(cfg: DistillConfig) -> Path:
     data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     train_ds, val_ds = hold_out(train_ds, cfg.val_fraction, data_seed)
     labels, multilabel = train_ds.label_names, train_ds.multilabel
-    kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else (1.0 if multilabel else 4.0)
+    kd_lambda = cfg.kd_lambda if cfg.kd_lambda is not None else default_kd_lambda(multilabel)
     for key in SET_BY_RUN:
         if key in options:
             raise UsageError(f"student option {key} is set by the run (from the task's labels and the "

@@ -21,18 +21,18 @@ import re
 
 import torch
 
-from compress.architectures import QKV_PARTS, ROLES, EncoderLayout, find_layout, layout_for, role_of_weights
+from compress.architectures import (
+    QKV_PARTS,
+    ROLES,
+    EncoderLayout,
+    canonical_name,
+    find_layout,
+    layout_for,
+    role_of_weights,
+)
 from compress.errors import UsageError
 
 WORD_EMBEDDINGS = "word_embeddings"
-
-
-def canonical_name(model: torch.nn.Module, name: str) -> str:
-    """Strip the base-model prefix (``bert.``) so names agree across heads."""
-    prefix = getattr(model, "base_model_prefix", "")
-    if prefix and name.startswith(prefix + "."):
-        return name[len(prefix) + 1:]
-    return name
 
 
 def named_weights(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
