@@ -19,6 +19,7 @@ from compress.retrieval.workflow import eval_reqa, finetune_reqa
 from compress.runs import RunDir, launch_rank
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
 from compress.tasks.base import TextDataset
+from compress.trackers import start_tracking
 from compress.training import TrainConfig, TrainHook, encode, make_collate, predict, set_seed, train
 
 
@@ -160,6 +161,7 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
+        hooks = start_tracking(run, cfg.report_to, to_dict(cfg), command, hooks)
         t0 = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
         result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,

@@ -61,6 +61,7 @@ from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
 from compress.runs import RunDir, write_json
 from compress.tasks import get_task
+from compress.trackers import start_tracking
 from compress.training import TrainConfig, TrainHook, encode, set_seed, train
 
 
@@ -364,6 +365,7 @@ def prune_finetune(cfg: PruneConfig) -> Path:
     with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
+        hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
         t0 = time.time()
         structured = run_structured(model, cfg) if cfg.structured else None
         feats = encode(tokenizer, data["train"], cfg.max_length)
@@ -408,6 +410,7 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
     with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
+        hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
         t0 = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
         # Phase 1, dense fine-tuning; its last step is checkpointed too, so that once it is finished a
@@ -514,6 +517,7 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     with RunDir("prune", name=_name(cfg, "mlm"), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
+        hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
         t0 = time.time()
         before = run.phase_results("before")
         if before is None:

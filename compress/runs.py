@@ -200,6 +200,8 @@ class RunDir:
                              "--resume to start a new run")
         self.resume = resume
         self.resumed = False
+        # an experiment tracker (compress.trackers.start_tracking) that the logged records go to too
+        self.tracker = None
         self._phases_done: dict[str, dict] = {}
         if self.rank > 0:
             # Another process of a multi-process launch: it writes to a scratch folder that is
@@ -246,6 +248,9 @@ class RunDir:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.tracker is not None:  # its files are in the folder: closed before it is renamed
+            self.tracker.close()
+            self.tracker = None
         if self.rank > 0:
             shutil.rmtree(self.path, ignore_errors=True)  # removes the link, not rank 0's checkpoints
             return False
@@ -344,6 +349,9 @@ class RunDir:
                                          "metrics_lines": len(complete_records(self.path / "metrics.jsonl"))})
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as fh:
             fh.writelines(line + "\n" for line in lines)
+        if self.tracker is not None:
+            for r in records:
+                self.tracker.log_record(r)
 
     def write_config(self, cfg: dict[str, Any]) -> None:
         path = self.path / "config.yaml"
@@ -369,6 +377,8 @@ class RunDir:
     def log_metrics(self, record: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, default=str) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_record(record)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.path / "summary.json", summary)

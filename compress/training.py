@@ -62,6 +62,9 @@ class TrainConfig:
     # BERT-base's masks (85M entries) took 0.42 s on a shared 2-core CPU, so not every step by default;
     # the pruner also checks its masks at every pruning step. Skipped on one process.
     rank_check_every: int = 10
+    # Experiment tracker the run's records also go to (compress.trackers): none, tensorboard,
+    # mlflow or wandb, its files in <run>/trackers/.
+    report_to: str = "none"
 
     def __post_init__(self):
         check_range("lr", self.lr, 0, None, lo_open=True)
@@ -80,6 +83,9 @@ class TrainConfig:
         check_range("log_every", self.log_every, 1)
         check_range("checkpoint_every", self.checkpoint_every, 0)
         check_range("rank_check_every", self.rank_check_every, 0)
+        from compress.trackers import check_report_to  # it imports this module
+
+        check_report_to(self.report_to)
 
 
 class TrainHook:

@@ -61,6 +61,12 @@ def _stages() -> list[str]:
     return ["pretrain", "finetune", "after-finetune"]
 
 
+def _trackers() -> list[str]:
+    from compress.trackers import REPORT_TO
+
+    return list(REPORT_TO)
+
+
 def _kd_losses() -> list[str]:
     from compress.distill.losses import KD_LOSS_CHOICES
 
@@ -77,6 +83,7 @@ CHOICES: dict[str, Callable[[], list[str]]] = {
     "schedule": _schedules,
     "stage": _stages,
     "kd_loss": _kd_losses,
+    "report_to": _trackers,
 }
 
 # ------------------------------------------------------------------------------------------ help
@@ -110,6 +117,9 @@ FIELD_HELP: dict[str, str] = {
     "checkpoint_every": "save a resumable checkpoint every N steps (0 = never; needs --out)",
     "rank_check_every": "multi-process runs: check every N steps that all ranks hold the same masks "
                         "(0 = off)",
+    "report_to": "also send the logged loss, learning rate, sparsity (at each pruning step) and eval "
+                 "metrics to an experiment tracker, its files in <run>/trackers/ (mlflow: a SQLite "
+                 "store there unless MLFLOW_TRACKING_URI is set); needs its package installed",
     "information_deletion": "fine-tuning a pruned model: zero its pruned weights once and let them "
                             "regrow (Gordon et al.'s control) instead of keeping the masks",
     # question answering / retrieval
@@ -144,7 +154,7 @@ FIELD_GROUP: dict[str, str] = {
     **{f: "training" for f in ("lr", "head_lr", "epochs", "max_steps", "batch_size", "eval_batch_size",
                                "max_length", "warmup_ratio", "weight_decay", "lr_schedule",
                                "max_grad_norm", "seed", "log_every")},
-    **{f: "output and resuming" for f in ("out", "name", "resume", "checkpoint_every")},
+    **{f: "output and resuming" for f in ("out", "name", "resume", "checkpoint_every", "report_to")},
 }
 CLASS_GROUP: dict[str, str] = {
     "TrainConfig": "training",

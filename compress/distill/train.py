@@ -167,6 +167,7 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
                 sums[k] += float(losses[k].detach())
         last = sums["loss"] / max(batches, 1)
         record = {"epoch": epoch + 1, **{k: v / max(batches, 1) for k, v in sums.items()},
+                  "lr": cfg.lr * factor,  # the last step's
                   "seconds": round(before + time.time() - t0, 1)}
         if validate is not None:
             val_scores.append(float(validate()))

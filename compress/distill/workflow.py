@@ -43,6 +43,7 @@ from compress.metrics import compute_metrics
 from compress.models import PACKAGED, load_classifier, load_tokenizer, resolve_model
 from compress.runs import RunDir
 from compress.tasks import DataOptions, data_dir_from_env
+from compress.trackers import check_report_to, start_tracking
 from students.registry import build_student, get_student, parse_options, save_student, student_config
 
 
@@ -99,9 +100,11 @@ class DistillConfig:
     out: str | None = None
     name: str | None = None
     resume: bool = False
+    report_to: str = "none"  # experiment tracker the per-epoch records also go to (compress.trackers)
 
     def __post_init__(self):
         get_student(self.student)
+        check_report_to(self.report_to)
         check_range("temperature", self.temperature, 0, None, lo_open=True)
         if self.kd_lambda is not None:
             check_range("kd_lambda", self.kd_lambda, 0)
@@ -296,6 +299,7 @@ def run_distill(cfg: DistillConfig) -> Path:
                 resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))  # resolved lambda and lr are in summary.json
         run.write_env(cfg.seed)
+        start_tracking(run, cfg.report_to, to_dict(cfg), "distill")
         t_start = time.time()
 
         # ---- teacher ------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from compress.qa.squad_metric import squad_scores
 from compress.runs import RunDir
 from compress.tasks import get_task
 from compress.tasks.qa import QADataset, load_squad_split
+from compress.trackers import start_tracking
 from compress.training import set_seed, train
 
 QA_TASK = "squad"
@@ -128,6 +129,7 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
     with RunDir(command, name=name, out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
+        hooks = start_tracking(run, cfg.report_to, to_dict(cfg), command, hooks)
         t0 = time.time()
         feats = prepare_train_features(tokenizer, data["train"].examples, cfg.max_length, doc_stride)
         result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,

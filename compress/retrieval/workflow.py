@@ -27,6 +27,7 @@ from compress.retrieval.metrics import retrieval_metrics
 from compress.runs import RunDir
 from compress.tasks import get_task
 from compress.tasks.retrieval import ReQADataset, load_reqa_split
+from compress.trackers import start_tracking
 
 BM25_MODEL = "bm25"
 
@@ -72,6 +73,7 @@ def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, comman
     with RunDir(command, name=name, out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
+        hooks = start_tracking(run, cfg.report_to, to_dict(cfg), command, hooks)
         t0 = time.time()
         result = train_dual_encoder(model, tokenizer, pairs, data["train"].questions,
                                     data["train"].sentences, cfg, cfg.retrieval_scale, hooks,
