@@ -86,6 +86,27 @@ def test_trainer_callback_prunes_and_saves_what_the_commands_read(trainer_pruned
     assert json.loads((tmp_path / "m.json").read_text())["parity_fp32"]["max_abs_diff"]["logits"] <= 1e-4
 
 
+def test_trainer_prune_reads_a_task_through_compress_loaders(tiny_bert, tmp_path):
+    """--task/--data-dir/--train-limit: a GLUE-format SST-2 folder, read by compress's own loader,
+    cut to its first 24 training sentences (3 steps of 8), evaluated on its dev file."""
+    words = ["good", "fine", "great", "bad", "awful", "poor"]
+    for split, n in (("train", 40), ("dev", 12)):
+        rows = [f"a {words[i % 6]} film {i}\t{int(i % 6 < 3)}" for i in range(n)]
+        (tmp_path / "sst2").mkdir(exist_ok=True)
+        (tmp_path / "sst2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    r = run_example("trainer_prune.py", "--model", str(tiny_bert), "--task", "sst2", "--data-dir",
+                    str(tmp_path), "--train-limit", "24", "--batch-size", "8", "--max-length", "32",
+                    "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"sparsity 40\.0% .*; dev accuracy [0-9.]+ on 12 sst2 examples", r.stdout), r.stdout
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-3"]  # one epoch of 24 / 8
+    meta = json.loads((out / "compress.json").read_text())
+    assert meta["label_names"] == ["negative", "positive"] and meta["dataset"] == "sst2"
+    bad = run_example("trainer_prune.py", "--task", "nope", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 1 and bad.stderr.startswith("error: unknown task 'nope'; known tasks:")
+
+
 def test_plain_loop_prunes_and_distils_to_the_requested_sparsity(trainer_pruned, tiny_bert, tmp_path):
     teacher, _ = trainer_pruned
     out = tmp_path / "kd"
