@@ -31,8 +31,6 @@ import math
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +40,7 @@ from compress.config import check_range, to_dict
 from compress.errors import DataError, UsageError
 from compress.runs import artifacts_root, write_json
 from compress.security import resolve_out
+from compress.sweep_backends import BACKENDS, import_ray, make_backend, runner_prefix
 
 
 @dataclass(frozen=True)
@@ -154,9 +153,35 @@ class SweepConfig:
     out: str | None = None
     runner: str | None = None
     teacher: str | None = None
+    backend: str = field(default="local", metadata={
+        "help": "where cells run: 'local' (child processes here, --jobs at a time) or 'ray' (one "
+                "Ray task per cell; the sweep folder must be on storage every node sees)",
+        "choices": BACKENDS})
+    address: str | None = field(default=None, metadata={
+        "help": "--backend ray: the cluster to join ('auto': the one running on this node; "
+                "HOST:PORT or ray://HOST:10001); unset: start Ray on this machine"})
+    cpus_per_cell: float = field(default=1.0, metadata={
+        "help": "--backend ray: CPUs each cell reserves (also its thread count)"})
+    gpus_per_cell: float = field(default=0.0, metadata={
+        "help": "--backend ray: GPUs each cell reserves (1 for the Gordon grid on GPUs; fractions "
+                "share a GPU)"})
 
     def __post_init__(self):
         parse_sparsities(self.sparsities)
+        if self.backend not in BACKENDS:
+            raise UsageError(f"unknown backend '{self.backend}'; choose one of: {', '.join(BACKENDS)}")
+        if self.backend != "ray":
+            given = [flag for flag, value, default in (
+                ("--address", self.address, None), ("--cpus-per-cell", self.cpus_per_cell, 1.0),
+                ("--gpus-per-cell", self.gpus_per_cell, 0.0)) if value != default]
+            if given:
+                verb = "applies" if len(given) == 1 else "apply"
+                raise UsageError(f"{', '.join(given)} only {verb} to --backend ray; add --backend ray "
+                                 f"or drop {'it' if len(given) == 1 else 'them'}")
+        check_range("cpus_per_cell", self.cpus_per_cell, 0, None, lo_open=True)
+        check_range("gpus_per_cell", self.gpus_per_cell, 0, None)
+        if self.address is not None and not self.address.strip():
+            raise UsageError("--address is empty; pass 'auto', a cluster address, or leave it unset")
         if self.teacher is not None:
             twins = [v for v in self.variants if kd_twin_applies(get_variant(v), self)]
             if not twins:
@@ -333,6 +358,8 @@ def validate_inputs(cfg: SweepConfig) -> None:
         from compress.models import resolve_model
 
         resolve_model(cfg.model)
+    if cfg.backend == "ray":
+        import_ray()
 
 
 def is_finished(sweep_dir: Path, name: str) -> bool:
@@ -348,7 +375,7 @@ def clean_unfinished(sweep_dir: Path, name: str) -> None:
 
 
 # Options that do not change what a cell computes: a re-run may change them.
-_RESUMABLE = {"jobs", "runner", "out"}
+_RESUMABLE = {"jobs", "runner", "out", "backend", "address", "cpus_per_cell", "gpus_per_cell"}
 
 
 def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
@@ -393,20 +420,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _runner_prefix(cfg: SweepConfig) -> list[str]:
-    return shlex.split(cfg.runner) if cfg.runner else [sys.executable, "-m", "compress"]
-
-
-def _cell_env(jobs: int) -> dict[str, str]:
-    env = dict(os.environ)
-    if jobs > 1:  # N cells share the cores: one thread pool each, not N oversubscribed ones
-        threads = str(max(1, (os.cpu_count() or 1) // jobs))
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.setdefault(var, threads)
-    env.setdefault("COMPRESS_NO_PROGRESS", "1")
-    return env
-
-
 def run_sweep(cfg: SweepConfig, log=print) -> Path:
     """Run (or resume) the sweep; returns its folder. Raises CompressError if a cell failed."""
     validate_inputs(cfg)
@@ -435,9 +448,20 @@ def run_sweep(cfg: SweepConfig, log=print) -> Path:
         return _execute(cfg, cfg_dict, plan, sweep_dir, log)
 
 
+def _log_tail(path: Path) -> str:
+    """The last non-empty line of a cell's log: usually the one-line error that ended it."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:300] if lines else ""
+
+
 def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
     state_path = sweep_dir / "sweep.json"
-    (sweep_dir / "logs").mkdir(exist_ok=True)
+    logs = sweep_dir / "logs"
+    logs.mkdir(exist_ok=True)
     status: dict[str, dict[str, Any]] = {}
     for c in plan:
         done = is_finished(sweep_dir, c.name)
@@ -446,22 +470,25 @@ def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
     def save() -> None:
         write_json(state_path, {
             "config": cfg_dict, "sparsities": list(cfg.sparsity_values),
-            "runner": _runner_prefix(cfg),
+            "runner": runner_prefix(cfg.runner), "backend": cfg.backend,
             "cells": [{"name": c.name, "kind": c.kind, "deps": list(c.deps), **c.info,
                        "argv": list(c.argv), **status[c.name]} for c in plan]})
 
     save()
-    prefix = _runner_prefix(cfg)
-    env = _cell_env(cfg.jobs)
     pending = [c for c in plan if status[c.name]["status"] != "finished"]
     n_skip = len(plan) - len(pending)
+    if not pending:
+        log(f"sweep {sweep_dir}: {len(plan)} cells, {n_skip} finished already, 0 to run")
+        return sweep_dir
+    backend = make_backend(cfg.backend, sweep_dir, cfg.jobs, cfg.runner, cfg.address,
+                           cfg.cpus_per_cell, cfg.gpus_per_cell)
     log(f"sweep {sweep_dir}: {len(plan)} cells, {n_skip} finished already, {len(pending)} to run "
-        f"({cfg.jobs} at a time)")
-    running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
+        f"({backend.describe()})")
+    in_flight: set[str] = set()
     try:
-        while pending or running:
+        while pending or in_flight:
             for c in list(pending):
-                if len(running) >= cfg.jobs:
+                if not backend.has_room():
                     break
                 dep_state = [status[d]["status"] for d in c.deps]
                 if any(s in ("failed", "blocked") for s in dep_state):
@@ -473,49 +500,42 @@ def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
                 if all(is_finished(sweep_dir, d) for d in c.deps):
                     pending.remove(c)
                     clean_unfinished(sweep_dir, c.name)
-                    fh = open(sweep_dir / "logs" / f"{c.name}.log", "w", encoding="utf-8")
-                    proc = subprocess.Popen([*prefix, *c.argv], stdout=fh, stderr=subprocess.STDOUT,
-                                            env=env)
-                    running[c.name] = (proc, time.time(), fh)
-                    status[c.name].update(status="running", pid=proc.pid)
+                    for key in ("reason", "returncode", "seconds", "host", "log_tail"):
+                        status[c.name].pop(key, None)
+                    status[c.name].update(backend.start(c.name, c.argv, logs / f"{c.name}.log"))
+                    in_flight.add(c.name)
                     save()
                     log(f"  start {c.name}")
-            if not running:
+            if not in_flight:
                 if pending:  # cannot happen with a topologically ordered plan; never spin
                     raise UsageError(f"cells wait on unknown dependencies: {[c.name for c in pending]}")
                 break
-            time.sleep(0.2)
-            for name, (proc, t0, fh) in list(running.items()):
-                rc = proc.poll()
-                if rc is None:
-                    continue
-                fh.close()
-                del running[name]
-                secs = round(time.time() - t0, 1)
-                if rc == 0 and is_finished(sweep_dir, name):
-                    status[name].update(status="finished", returncode=rc, seconds=secs)
-                    log(f"  done  {name} ({secs:.0f}s)")
+            for end in backend.wait(0.2):
+                in_flight.discard(end.name)
+                st = status[end.name]
+                st.pop("pid", None)
+                st.update(returncode=end.returncode, seconds=end.seconds, host=end.host)
+                if end.returncode == 0 and is_finished(sweep_dir, end.name):
+                    st.update(status="finished")
+                    log(f"  done  {end.name} ({end.seconds:.0f}s)")
                 else:
-                    why = f"exit code {rc}" if rc != 0 else "exit code 0 but no summary.json"
-                    status[name].update(status="failed", returncode=rc, seconds=secs, reason=why)
-                    log(f"  FAILED {name} ({why}; see {sweep_dir / 'logs' / (name + '.log')})")
-                status[name].pop("pid", None)
+                    why = end.reason or (f"exit code {end.returncode}" if end.returncode != 0
+                                         else "exit code 0 but no summary.json")
+                    tail = _log_tail(logs / f"{end.name}.log")
+                    st.update(status="failed", reason=why, log=str(logs / f"{end.name}.log"), log_tail=tail)
+                    log(f"  FAILED {end.name} ({why}; see {logs / (end.name + '.log')})"
+                        + (f": {tail}" if tail else ""))
                 save()
     except BaseException:
         # Ctrl-C or a crash of the sweep itself: stop the cells it started (their .tmp folders are
         # removed by the next run) and record where things stood.
-        for proc, _, _ in running.values():
-            proc.terminate()
-        for name, (proc, _, fh) in running.items():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            fh.close()
+        for name in backend.stop():
             status[name].update(status="interrupted")
             status[name].pop("pid", None)
         save()
         raise
+    finally:
+        backend.close()
     bad = [n for n, s in status.items() if s["status"] in ("failed", "blocked")]
     if bad:
         from compress.errors import CompressError

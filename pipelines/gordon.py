@@ -73,6 +73,10 @@ class SweepStage:
     schedule: str = "gradual"
     jobs: int = 1
     seed: int = 42
+    backend: str = "local"  # or "ray": every cell a Ray task (compress sweep --backend ray)
+    address: str | None = None
+    cpus_per_cell: float = 1.0
+    gpus_per_cell: float = 0.0
 
 
 def run(values: dict[str, Any], log=print) -> Path:
@@ -87,7 +91,8 @@ def run(values: dict[str, Any], log=print) -> Path:
         max_steps=ft.max_steps, epochs=ft.epochs, batch_size=ft.batch_size, max_length=ft.max_length,
         seed=sw.seed, schedule=sw.schedule, pretrain_corpus=pre.corpus, pretrain_steps=pre.steps,
         pretrain_lr=pre.lr, pretrain_batch_size=pre.batch_size, pretrain_max_length=pre.max_length,
-        pretrain_heldout_blocks=pre.heldout_blocks, jobs=sw.jobs, out=opts.out)
+        pretrain_heldout_blocks=pre.heldout_blocks, jobs=sw.jobs, out=opts.out, backend=sw.backend,
+        address=sw.address, cpus_per_cell=sw.cpus_per_cell, gpus_per_cell=sw.gpus_per_cell)
 
     # stages 1-2: pre-training pruning and the fine-tuning grid, one resumable sweep
     log("gordon: pretrain + finetune (compress sweep)")

@@ -7,6 +7,8 @@ EXAMPLES = """examples:
       --data-dir ../shared/data --train-limit 2000 --max-steps 100 --out artifacts/sweep/sst2
   compress sweep --sparsities 0:0.9:0.1 --tasks sst2,rte --lrs 2e-5,5e-5 --jobs 2 \\
       --pretrain-corpus ../shared/data/wikitext2 --pretrain-steps 200 --out artifacts/sweep/gordon
+  compress sweep --backend ray --address auto --gpus-per-cell 1 --sparsities 0:0.9:0.1 \\
+      --tasks sst2,rte --out /shared/nfs/sweeps/gordon     # on a Ray cluster's head node
 re-run the same command to resume: finished cells are kept, killed ones redone.
 then: compress report SWEEP
 """
@@ -19,7 +21,7 @@ HELPS = {
                "fine-tuned on the task",
     "pretrain_corpus": "prune during masked-LM pre-training on this text first (file(s) or folder)",
     "pretrain_steps": "optimizer steps of each pre-training cell",
-    "jobs": "cells run at once (each gets cores/jobs threads)",
+    "jobs": "--backend local: cells run at once (each gets cores/jobs threads)",
     "out": "sweep folder; re-run with the same --out to resume",
     "runner": "command prefix that runs one cell (default: this Python's 'python -m compress')",
     "max_steps": "fine-tuning steps per cell (unset: --epochs over the data)",

@@ -316,3 +316,39 @@ def test_ctrl_c_stops_the_sweep_and_rerun_finishes_it(tmp_path, fake_runner):
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
     assert _counts(sweep) == {"ft-sst2-dense-lr5e-05": 1, "ft-sst2-magnitude-s50-lr5e-05": 2}
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"backend": "slurm"}, "unknown backend 'slurm'; choose one of: local, ray"),
+    ({"address": "auto"}, "--address only applies to --backend ray; add --backend ray or drop it"),
+    ({"gpus_per_cell": 1.0, "cpus_per_cell": 4.0},
+     "--cpus-per-cell, --gpus-per-cell only apply to --backend ray"),
+    ({"backend": "ray", "cpus_per_cell": 0.0}, "--cpus-per-cell must be in (0, inf], got 0.0"),
+    ({"backend": "ray", "gpus_per_cell": -1.0}, "--gpus-per-cell must be in [0, inf], got -1.0"),
+    ({"backend": "ray", "address": " "}, "--address is empty"),
+])
+def test_backend_options_are_checked(kw, words):
+    with pytest.raises(UsageError) as err:
+        SweepConfig(**kw)
+    assert words in str(err.value)
+
+
+def test_ray_backend_without_ray_names_the_install_command(tmp_path, fake_runner, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    sweep = tmp_path / "sw"
+    with pytest.raises(UsageError, match=r"needs Ray, which is not installed; run: pip install "
+                                         r"'compress\[ray\]'"):
+        run_sweep(SweepConfig(sparsities=("0.3",), variants=("magnitude",), backend="ray", out=str(sweep),
+                              runner=fake_runner), log=lambda *_: None)
+    assert not sweep.exists()  # refused before anything was written
+
+
+def test_backend_can_change_between_runs_of_one_sweep(tmp_path, fake_runner):
+    """Where cells run does not change what they compute: resuming elsewhere is allowed."""
+    from compress.sweep import _comparable
+
+    a = SweepConfig(out=str(tmp_path), runner=fake_runner)
+    b = SweepConfig(out=str(tmp_path), runner=fake_runner, backend="ray", address="auto", gpus_per_cell=1.0)
+    from compress.config import to_dict
+
+    assert _comparable(to_dict(a)) == _comparable(to_dict(b))

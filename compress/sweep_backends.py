@@ -1,0 +1,288 @@
+"""Where a sweep's cells run: child processes of the driver (``local``) or Ray tasks (``ray``).
+
+A backend starts a cell (one ``compress`` command line, its output to the cell's log file) and
+reports the cells that ended with their exit code. Planning, resume and reporting stay in
+``compress.sweep``: both backends see the same plan, skip the same finished cells and record the
+same statuses, so a sweep started on one machine can be resumed on a cluster and the other way
+round.
+
+The Ray backend turns every cell into a Ray task that declares its resources (``num_cpus``,
+``num_gpus``); Ray places it on a node with room, so the cluster's size sets how many cells run at
+once. The task runs the cell as a child process on that node and writes its log into the sweep
+folder, which therefore must be on storage every node mounts; ``check_shared_storage`` proves that
+before the first cell starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compress.errors import DataError, UsageError
+
+BACKENDS = ("local", "ray")
+RAY_INSTALL = "pip install 'compress[ray]'"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A cell that stopped: its exit code, wall time and the host it ran on; ``reason`` when the
+    cell's task died without an exit code (a lost node, a worker killed for memory)."""
+
+    name: str
+    returncode: int
+    seconds: float
+    host: str
+    reason: str | None = None
+
+
+def runner_prefix(runner: str | None) -> list[str]:
+    """The command that runs one cell: ``--runner`` split like a shell would, or this Python's
+    ``python -m compress`` (on a Ray node: that node's Python)."""
+    return shlex.split(runner) if runner else [sys.executable, "-m", "compress"]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the cell gets SIGTERM when the process that started it dies, so a killed driver (or
+    Ray worker) leaves no orphaned training behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _popen(argv: list[str], log_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
+    fh = open(log_path, "w", encoding="utf-8")
+    kwargs: dict[str, Any] = {"preexec_fn": _die_with_parent} if sys.platform.startswith("linux") else {}
+    try:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, **kwargs)
+    except OSError as e:
+        fh.close()
+        raise UsageError(f"cannot start the cell runner '{argv[0]}' ({e.strerror}); check --runner") from None
+    return proc, fh
+
+
+class LocalBackend:
+    """Cells as child processes of the driver, at most ``jobs`` at once, each with cores/jobs
+    threads so N cells do not oversubscribe the machine."""
+
+    name = "local"
+
+    def __init__(self, jobs: int, runner: str | None):
+        self.jobs = jobs
+        self.prefix = runner_prefix(runner)
+        self.env = dict(os.environ)
+        if jobs > 1:
+            threads = str(max(1, (os.cpu_count() or 1) // jobs))
+            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                self.env.setdefault(var, threads)
+        self.env.setdefault("COMPRESS_NO_PROGRESS", "1")
+        self.running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
+        self.host = socket.gethostname()
+
+    def describe(self) -> str:
+        return f"{self.jobs} at a time"
+
+    def has_room(self) -> bool:
+        return len(self.running) < self.jobs
+
+    def start(self, name: str, argv: tuple[str, ...], log_path: Path) -> dict[str, Any]:
+        proc, fh = _popen([*self.prefix, *argv], log_path, self.env)
+        self.running[name] = (proc, time.time(), fh)
+        return {"status": "running", "pid": proc.pid}
+
+    def wait(self, timeout: float) -> list[Ended]:
+        time.sleep(timeout)
+        ended = []
+        for name, (proc, t0, fh) in list(self.running.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            fh.close()
+            del self.running[name]
+            ended.append(Ended(name, rc, round(time.time() - t0, 1), self.host))
+        return ended
+
+    def stop(self) -> list[str]:
+        """Stop every running cell (SIGTERM, then SIGKILL after 30 s); their names."""
+        for proc, _, _ in self.running.values():
+            proc.terminate()
+        for proc, _, fh in self.running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            fh.close()
+        names = list(self.running)
+        self.running.clear()
+        return names
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------- Ray
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"--backend ray needs Ray, which is not installed; run: {RAY_INSTALL}") from None
+    return ray
+
+
+def run_cell_on_node(argv: list[str], runner: str | None, log_path: str,
+                     env: dict[str, str]) -> tuple[int, float, str]:
+    """The body of a cell's Ray task, run on whichever node Ray chose: the cell as a child process
+    (the node's own ``python -m compress`` unless ``runner`` says otherwise), its output to
+    ``log_path`` in the shared sweep folder. Returns (exit code, seconds, host)."""
+    t0 = time.time()
+    full_env = {**os.environ, **env}  # the worker's environment carries Ray's CUDA_VISIBLE_DEVICES
+    proc, fh = _popen([*runner_prefix(runner), *argv], Path(log_path), full_env)
+    try:
+        rc = proc.wait()
+    except BaseException:  # the task was cancelled: stop the cell with it
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        fh.close()
+    return rc, round(time.time() - t0, 1), socket.gethostname()
+
+
+def read_token(path: str) -> tuple[str, str, str | None]:
+    """Run on a node: (host, ip, the token file's text or None when the node cannot read it)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        text = None
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        ip = "?"
+    return socket.gethostname(), ip, text
+
+
+def write_token(path: Path, token: str) -> None:
+    path.write_text(token, encoding="utf-8")
+
+
+def check_shared_storage(ray, sweep_dir: Path) -> int:
+    """Every alive node reads a token the driver wrote into ``sweep_dir``; a node that cannot is
+    a one-line DataError naming it. Returns the number of nodes checked."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = uuid.uuid4().hex
+    path = sweep_dir / f".storage-check-{token[:8]}"
+    write_token(path, token)
+    try:
+        reader = ray.remote(num_cpus=0, max_retries=0)(read_token)
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        refs = [reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                .remote(str(path)) for n in nodes]
+        for node, (host, ip, text) in zip(nodes, ray.get(refs, timeout=120)):
+            if text != token:
+                where = node.get("NodeManagerAddress", ip)
+                raise DataError(f"Ray node {host} ({where}) cannot see the sweep folder {sweep_dir}; put "
+                                "--out on storage every node mounts at the same path (e.g. NFS)")
+    finally:
+        path.unlink(missing_ok=True)
+    return len(nodes)
+
+
+class RayBackend:
+    """Each cell a Ray task with ``cpus``/``gpus`` declared; Ray decides how many run at once.
+
+    ``address`` None starts Ray on this machine; ``auto`` joins the running cluster; anything else
+    is the cluster's address (``ray://host:10001`` or ``host:6379``). A Ray session already opened
+    by the caller (``ray.init`` in a notebook) is used as it is and left open."""
+
+    name = "ray"
+
+    def __init__(self, sweep_dir: Path, runner: str | None, address: str | None, cpus: float, gpus: float):
+        ray = import_ray()
+        self.ray = ray
+        self.owns_session = not ray.is_initialized()
+        if self.owns_session:
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise UsageError(f"--address {address}: cannot reach a Ray cluster ({first}); start one "
+                                 "with 'ray start --head' or leave --address unset to run Ray here") from None
+        try:
+            self.nodes = check_shared_storage(ray, sweep_dir)
+        except BaseException:
+            self.close()
+            raise
+        self.runner = runner
+        self.cpus, self.gpus = cpus, gpus
+        threads = str(max(1, int(cpus)))
+        self.env = {"COMPRESS_NO_PROGRESS": "1", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        self.task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(run_cell_on_node)
+        self.running: dict[Any, str] = {}  # object ref -> cell name
+
+    def describe(self) -> str:
+        total = self.ray.cluster_resources()
+        return (f"Ray: {self.nodes} node(s), {total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs; "
+                f"{self.cpus:g} CPU(s) and {self.gpus:g} GPU(s) per cell")
+
+    def has_room(self) -> bool:
+        return True  # Ray queues the task until a node has the resources
+
+    def start(self, name: str, argv: tuple[str, ...], log_path: Path) -> dict[str, Any]:
+        ref = self.task.remote(list(argv), self.runner, str(log_path), self.env)
+        self.running[ref] = name
+        return {"status": "submitted"}
+
+    def wait(self, timeout: float) -> list[Ended]:
+        if not self.running:
+            return []
+        done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=timeout)
+        ended = []
+        for ref in done:
+            name = self.running.pop(ref)
+            try:
+                rc, secs, host = self.ray.get(ref)
+            except self.ray.exceptions.RayError as e:  # the task itself died (node lost, OOM-killed)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                ended.append(Ended(name, -1, 0.0, "?", f"the Ray task died: {first[:200]}"))
+                continue
+            ended.append(Ended(name, rc, secs, host))
+        return ended
+
+    def stop(self) -> list[str]:
+        for ref in self.running:
+            self.ray.cancel(ref, force=True)
+        names = list(self.running.values())
+        self.running.clear()
+        return names
+
+    def close(self) -> None:
+        if self.owns_session and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+def make_backend(backend: str, sweep_dir: Path, jobs: int, runner: str | None, address: str | None,
+                 cpus: float, gpus: float):
+    if backend == "local":
+        return LocalBackend(jobs, runner)
+    if backend == "ray":
+        return RayBackend(sweep_dir, runner, address, cpus, gpus)
+    raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
