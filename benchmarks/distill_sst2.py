@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compress.distill.workflow import DistillConfig, run_distill  # noqa: E402
-from compress.finetune import FinetuneConfig, run_finetune  # noqa: E402
+from compress.recipes.distill import DistillConfig, run_distill  # noqa: E402
+from compress.recipes.finetune import FinetuneConfig, run_finetune  # noqa: E402
 from compress.runs import artifacts_root, environment, write_json  # noqa: E402
 from students.registry import STUDENTS  # noqa: E402
 

@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
 
 def _export(name: str, model: str, work: Path, args, optimize: bool, int8: bool, accuracy: bool) -> dict:
-    from compress.export.onnx import ExportConfig, run_export
+    from compress.recipes.export import ExportConfig, run_export
 
     cfg = ExportConfig(model=model, to=str(work / f"{name}.onnx"), optimize=optimize,
                        quantize="int8" if int8 else None, per_channel=int8 and args.per_channel,
@@ -127,7 +127,7 @@ def _has_labels(spec: str) -> bool:
 
 def run(args) -> int:
     from compress.errors import UsageError
-    from compress.measure.bench import BenchConfig, BenchOptions, format_bench, run_bench
+    from compress.recipes.bench import BenchConfig, BenchOptions, format_bench, run_bench
 
     try:
         batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-__version__ = "0.1.0"
+from compress.version import __version__  # noqa: F401 - re-exported
 
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {

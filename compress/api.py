@@ -236,16 +236,6 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
 # ----------------------------------------------------------------------------- measure and export
 
 
-def _loaded(model: Any):
-    """A ``LoadedModel`` of an in-memory module: a Hugging Face encoder with the inputs
-    ``compress export`` declares for it, else the student contract (input_ids, attention_mask)."""
-    from compress.export.onnx import STUDENT_INPUTS, LoadedModel, declared_inputs
-
-    if getattr(model, "config", None) is not None and hasattr(model, "base_model"):
-        return LoadedModel(model, declared_inputs(model), "bert")
-    return LoadedModel(model, STUDENT_INPUTS, "module")
-
-
 def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128) -> dict[str, Any]:
     """``compress measure`` of a model: parameters, FLOPs per example at ``seq_len`` (dense and
     sparsity-aware; 1 MAC = 2 FLOPs), the sparsity report and the "will it be faster?" verdict.
@@ -254,14 +244,13 @@ def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128
     ``forward(input_ids, attention_mask=None)`` contract) or what ``compress measure`` takes (a model
     or run folder, 'minilm', an .onnx file). The model's train/eval mode is left as it was.
     """
-    from compress.measure.workflow import MeasureConfig, measure_loaded, run_measure
-
-    if isinstance(model, (str, os.PathLike)):
-        return run_measure(MeasureConfig(model=str(model), seq_len=seq_len))
     from compress.config import check_range
+    from compress.measure.summary import measure_module, measure_spec
 
     check_range("seq_len", seq_len, 1, 4096)
-    return {"model": type(model).__name__, **measure_loaded(_loaded(model), seq_len)}
+    if isinstance(model, (str, os.PathLike)):
+        return measure_spec(str(model), seq_len)
+    return measure_module(model, seq_len)
 
 
 def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float = 1e-4,
@@ -278,7 +267,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     For ``--optimize``/``--quantize int8`` export a saved folder with ``compress export``.
     """
     from compress.errors import UsageError
-    from compress.export.onnx import DEFAULT_SHAPES, check_parity
+    from compress.export.onnx import DEFAULT_SHAPES, as_loaded, check_parity
     from compress.export.onnx import export_onnx as export_loaded
     from compress.export.ort import resolve_provider
 
@@ -289,7 +278,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
         raise UsageError(f"{dst} already exists; exports are never overwritten (choose another path)")
     if not dst.parent.is_dir():
         raise UsageError(f"folder {dst.parent} does not exist (create it or change the path)")
-    loaded = _loaded(model)
+    loaded = as_loaded(model)
     was_training = model.training
     model.eval()
     tmp = dst.parent / f".tmp-{dst.name}"

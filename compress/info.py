@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from compress import __version__
 from compress.runs import environment
+from compress.version import __version__
 
 
 def collect_info() -> dict:

@@ -102,9 +102,9 @@ def _flops(model, seq_len: int) -> tuple[dict[str, Any] | None, str | None]:
     """FLOPs per example at ``seq_len``, or (None, why not): the card is written even when the
     model cannot be traced, and then says so."""
     try:
-        from compress.api import measure_model
+        from compress.measure.summary import measure_module
 
-        return measure_model(model, seq_len)["flops"], None
+        return measure_module(model, seq_len)["flops"], None
     except Exception as exc:  # noqa: BLE001 - a card states what it could not count
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 

@@ -271,8 +271,8 @@ class RunDir:
         full disk, a crash. A CompressError removes it unless train() checkpoints exist, so bad input
         leaves no half-written folder.
         """
+        from compress.checkpoints import checkpoint_dirs
         from compress.errors import CompressError
-        from compress.training import checkpoint_dirs
 
         if self.resumed:
             return True
@@ -302,7 +302,7 @@ class RunDir:
     def _rewind_metrics(self) -> None:
         """Keep the metrics records of the finished phases and those up to the checkpoint the run
         resumes from, drop the rest."""
-        from compress.training import checkpoint_step, latest_checkpoint
+        from compress.checkpoints import checkpoint_step, latest_checkpoint
 
         path = self.path / "metrics.jsonl"
         lines = complete_records(path)

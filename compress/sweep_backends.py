@@ -2,7 +2,7 @@
 
 A backend starts a cell (one ``compress`` command line, its output to the cell's log file) and
 reports the cells that ended with their exit code. Planning, resume and reporting stay in
-``compress.sweep``: both backends see the same plan, skip the same finished cells and record the
+``compress.recipes.sweep``: both backends see the same plan, skip the same finished cells and record the
 same statuses, so a sweep started on one machine can be resumed on a cluster and the other way
 round.
 
@@ -143,7 +143,7 @@ def import_ray():
     return ray
 
 
-def run_cell_on_node(argv: list[str], runner: str | None, log_path: str,
+def cell_task(argv: list[str], runner: str | None, log_path: str,
                      env: dict[str, str]) -> tuple[int, float, str]:
     """The body of a cell's Ray task, run on whichever node Ray chose: the cell as a child process
     (the node's own ``python -m compress`` unless ``runner`` says otherwise), its output to
@@ -235,7 +235,7 @@ class RayBackend:
         self.cpus, self.gpus = cpus, gpus
         threads = str(max(1, int(cpus)))
         self.env = {"COMPRESS_NO_PROGRESS": "1", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-        self.task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(run_cell_on_node)
+        self.task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(cell_task)
         self.running: dict[Any, str] = {}  # object ref -> cell name
 
     def describe(self) -> str:

@@ -62,9 +62,9 @@ def main(argv=None) -> int:
     )
 
     import compress
-    from compress.finetune import TaskDataConfig, load_task_data
     from compress.metrics import compute_metrics
     from compress.models import resolve_model
+    from compress.recipes.finetune import TaskDataConfig, load_task_data
     from compress.training import encode
 
     try:  # the task's train and dev splits, through the loaders `compress prune` uses

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from compress.config import to_dict
+from compress.recipes.sweep import SweepConfig, run_sweep
 from compress.report import write_report
-from compress.sweep import SweepConfig, run_sweep
 
 try:  # loaded by path from ``compress run``: find stages.py beside this file
     from pipelines.stages import json_stage, section, top_level

@@ -1,5 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
-from compress.measure.bench import RUNTIMES, BenchConfig, BenchOptions, format_bench, run_bench
+from compress.recipes.bench import RUNTIMES, BenchConfig, BenchOptions, format_bench, run_bench
 
 HELP = ("benchmark models in PyTorch (eager, fp16/bf16, compiled, int8) and onnxruntime: latency, "
         "throughput, ratios, GFLOP/s vs peak")

@@ -2,9 +2,9 @@ import dataclasses
 
 from compress.cli.common import add_config_args, config_from_args
 from compress.config import load_yaml
-from compress.distill.workflow import DistillConfig, run_distill
 from compress.errors import UsageError
-from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
+from compress.recipes.distill import DistillConfig, run_distill
+from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill
 
 HELP = "distil a fine-tuned teacher into a BiLSTM, KimCNN or logistic-regression student"
 EXAMPLES = """examples:
@@ -68,7 +68,7 @@ def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-# --task reqa trains a dual encoder on gold + cross-encoder-mined pairs (compress.retrieval.mining);
+# --task reqa trains a dual encoder on gold + cross-encoder-mined pairs (compress.recipes.reqa_mining);
 # its options that the classification students lack are added as flags of their own.
 REQA_ONLY = sorted(_fields(ReQAMiningConfig) - _fields(DistillConfig))
 

@@ -1,6 +1,6 @@
 from compress.cli.common import add_config_args, config_from_args
 from compress.cli.option_help import QA_TRAINING_ONLY
-from compress.finetune import EvalConfig, run_eval
+from compress.recipes.finetune import EvalConfig, run_eval
 
 HELP = "evaluate a fine-tuned model (run folder or model folder) on a task's eval split"
 EXAMPLES = """examples:

@@ -1,5 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
-from compress.export.onnx import ExportConfig, run_export
+from compress.recipes.export import ExportConfig, run_export
 
 HELP = "export a model to ONNX with a mandatory parity check; optionally optimize (fusion) and quantize"
 EXAMPLES = """examples:

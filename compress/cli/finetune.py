@@ -1,5 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
-from compress.finetune import FinetuneConfig, run_finetune
+from compress.recipes.finetune import FinetuneConfig, run_finetune
 
 HELP = "fine-tune a model's task head end to end and evaluate it on the task's dev split"
 EXAMPLES = """examples:

@@ -1,7 +1,7 @@
 import json
 
 from compress.cli.common import add_config_args, config_from_args
-from compress.measure.workflow import MeasureConfig, format_measure, run_measure
+from compress.recipes.measure import MeasureConfig, format_measure, run_measure
 
 HELP = "parameters, FLOPs (dense and effective), sparsity, disk size and 'will it be faster?' of a model"
 EXAMPLES = """examples:

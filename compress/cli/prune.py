@@ -3,9 +3,9 @@ import json
 
 from compress.cli.common import add_config_args, config_from_args, explicit_options
 from compress.errors import UsageError
-from compress.finetune import TaskDataConfig
-from compress.prune import PruneConfig, run_prune
 from compress.qa.options import QAOptions
+from compress.recipes.finetune import TaskDataConfig
+from compress.recipes.prune import PruneConfig, run_prune
 
 HELP = "magnitude-prune a BERT encoder during pre-training, fine-tuning, or after fine-tuning"
 EXAMPLES = """examples:

@@ -1,5 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
-from compress.sweep import VARIANTS, SweepConfig, run_sweep
+from compress.recipes.sweep import VARIANTS, SweepConfig, run_sweep
 
 HELP = "run a grid of prune/fine-tune cells (sparsities x variants x tasks x learning rates), resumably"
 EXAMPLES = """examples:

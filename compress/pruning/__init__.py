@@ -9,5 +9,5 @@ Unstructured magnitude pruning (Gordon, Duh & Andrews 2020), as pure pieces plus
 - ``integrity``: masked weights must stay zero (``check_masks``, ``verify_run``);
 - ``mlm``: continued masked-LM pre-training (corpus, 80/10/10 masking, held-out loss).
 
-``structured`` (whole heads / FFN neurons) is separate. The workflows live in ``compress.prune``.
+``structured`` (whole heads / FFN neurons) is separate. The workflows live in ``compress.recipes.prune``.
 """

@@ -162,8 +162,8 @@ def test_unlabeled_examples_join_the_transfer_set_with_teacher_labels(teacher_ru
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from compress.distill.teacher import CACHE_DIR, read_cache
-    from compress.distill.workflow import DistillConfig
-    from compress.finetune import load_task_data
+    from compress.recipes.distill import DistillConfig
+    from compress.recipes.finetune import load_task_data
 
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",
@@ -196,8 +196,8 @@ def test_augmentation_operator_flags_reach_the_transfer_set(teacher_run, tmp_pat
     the cached transfer logits are keyed by exactly those texts."""
     from compress.distill.augment import AugmentConfig, augment_texts, split_words
     from compress.distill.teacher import CACHE_DIR, read_cache, teacher_fingerprint, transfer_key
-    from compress.distill.workflow import DistillConfig
-    from compress.finetune import load_task_data
+    from compress.recipes.distill import DistillConfig
+    from compress.recipes.finetune import load_task_data
 
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",

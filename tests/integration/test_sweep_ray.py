@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from compress.errors import CompressError, DataError
-from compress.sweep import SweepConfig, build_plan, run_sweep
+from compress.recipes.sweep import SweepConfig, build_plan, run_sweep
 from tests.conftest import SHARED_DATA, run_cli
 from tests.unit.test_sweep import FAKE
 

@@ -189,7 +189,7 @@ def test_config_ranges():
 def test_distill_defaults_are_tang_et_al():
     """compress distill's operator defaults are Tang et al. (2019)'s: p_mask = p_pos = 0.1,
     p_ng = 0.25, n-grams of 1..5; its flags reach the augmenter's config."""
-    from compress.distill.workflow import DistillConfig
+    from compress.recipes.distill import DistillConfig
 
     cfg = DistillConfig(augment=20).augment_config(seed=3)
     assert (cfg.p_mask, cfg.p_pos, cfg.p_ngram, cfg.max_ngram) == (0.1, 0.1, 0.25, 5)

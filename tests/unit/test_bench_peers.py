@@ -11,15 +11,13 @@ import pytest
 import torch
 
 from compress.export.onnx import (
-    ExportConfig,
     LoadedModel,
     convert_to_half,
     export_onnx,
     load_torch_model,
     optimize_onnx,
-    run_export,
 )
-from compress.measure.bench import (
+from compress.recipes.bench import (
     PEER_ATOL,
     RUNTIMES,
     TORCH_PEERS,
@@ -31,6 +29,7 @@ from compress.measure.bench import (
     run_bench,
     torch_peer,
 )
+from compress.recipes.export import ExportConfig, run_export
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 GPU = torch.cuda.is_available()

@@ -15,15 +15,14 @@ from compress.errors import UsageError
 from compress.export.onnx import (
     BF16_ATOL,
     FP16_ATOL,
-    ExportConfig,
     check_parity,
     convert_to_half,
     export_onnx,
     load_torch_model,
     optimize_onnx,
-    run_export,
     wrap_module,
 )
+from compress.recipes.export import ExportConfig, run_export
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -12,7 +12,6 @@ from compress.errors import ModelError, ParityError, UsageError
 from compress.export.onnx import (
     FP32_ATOL,
     INT8_ATOL,
-    ExportConfig,
     attention_executions,
     attention_shape,
     check_parity,
@@ -23,11 +22,11 @@ from compress.export.onnx import (
     optimizer_model_type,
     order_residual_adds,
     quantize_int8,
-    run_export,
     wrap_module,
 )
 from compress.export.ort import OrtModel, resolve_provider, session_providers
 from compress.measure.params import count_params, onnx_initializer_stats
+from compress.recipes.export import ExportConfig, run_export
 from tests.tiny_encoders import ARCHITECTURES
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -364,7 +363,7 @@ def test_onnx_parameter_groups_are_pytorchs(tiny_bert, tmp_path):
 def test_bench_token_range_is_the_word_table_of_each_onnx_file(tiny_bert, tmp_path):
     # The tiny BERT gathers from a 30522-row word table and a 512-row position table; benchmark
     # inputs must draw ids from the word table (the position table gave every id = 511).
-    from compress.measure.bench import _onnx_vocab
+    from compress.recipes.bench import _onnx_vocab
 
     loaded = load_torch_model(str(tiny_bert))
     path = export_onnx(loaded, tmp_path / "m.onnx")

@@ -71,7 +71,7 @@ def _check_types(cfg) -> None:
 
 
 def test_commands_expose_their_configs():
-    assert "compress.finetune.FinetuneConfig" in CONFIGS
+    assert "compress.recipes.finetune.FinetuneConfig" in CONFIGS
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -99,7 +99,7 @@ def yaml_text(draw) -> bytes:
         return draw(st.binary(max_size=60))
     if kind == 1:
         return draw(st.text(max_size=60)).encode("utf-8", "surrogatepass")
-    names = st.sampled_from(_fields(CONFIGS["compress.finetune.FinetuneConfig"]))
+    names = st.sampled_from(_fields(CONFIGS["compress.recipes.finetune.FinetuneConfig"]))
     doc = draw(st.one_of(VALUE, st.dictionaries(names, VALUE, max_size=5)))
     text = yaml.safe_dump(doc, allow_unicode=draw(st.booleans()))
     if kind == 3:

@@ -83,7 +83,7 @@ def _refusal(argv, config: dict | None = None, tmp_path=None):
     """What cli.prune's check says of ``argv`` (and a --config file), without running anything."""
     from compress.cli.common import config_from_args, explicit_options
     from compress.cli.prune import refuse_ignored_options
-    from compress.prune import PruneConfig
+    from compress.recipes.prune import PruneConfig
 
     if config is not None:
         path = tmp_path / "c.yaml"
@@ -99,7 +99,7 @@ def _refusal(argv, config: dict | None = None, tmp_path=None):
 
 def test_defaults_and_what_applies_are_never_refused(tmp_path):
     from compress.config import to_dict
-    from compress.prune import PruneConfig
+    from compress.recipes.prune import PruneConfig
 
     assert _refusal(["--stage", "pretrain", "--corpus", "c.txt", "--schedule", "oneshot"]) is None
     assert _refusal(["--structured", "heads,ffn", "--schedule", "oneshot", "--stage", "after-finetune"]

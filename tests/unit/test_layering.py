@@ -1,5 +1,15 @@
-"""The library (compress/, students/) never imports pipelines/: pipelines are workflows built on
-the library, loaded by path by ``compress run``, never the other way round."""
+"""The import graph keeps its layers. From the bottom:
+
+0. foundation: errors, config, security, runs, checkpoints, tasks, data, ... (no models, no loops);
+1. blocks: models, training, pruning, distillation, measurement, export, students, ...;
+2. the public API (``compress``, ``compress.api``, ``compress.integrations``);
+3. recipes (``compress.recipes``): one end-to-end workflow per command;
+4. the CLI (``compress.cli``).
+
+A module imports only from its own layer or below, counting imports inside functions too, and the
+library (compress/, students/) never imports pipelines/: pipelines are workflows built on the
+library, loaded by path by ``compress run``, never the other way round. Workflows (``run_*``)
+live in recipes/ and cli/ only."""
 
 from __future__ import annotations
 
@@ -21,6 +31,69 @@ def _imported_modules(path: Path) -> list[str]:
                 "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
             names.append(str(node.args[0].value))
     return names
+
+
+FOUNDATION = ("compress.errors", "compress.config", "compress.security", "compress.distributed",
+              "compress.architectures", "compress.metrics", "compress.runs", "compress.checkpoints",
+              "compress.version", "compress.data", "compress.tasks")
+API = ("compress", "compress.api", "compress.integrations")
+LAYER_NAMES = ("foundation", "blocks", "public API", "recipes", "CLI")
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes if p != "compress") or (
+        "compress" in prefixes and module == "compress")
+
+
+def layer_of(module: str) -> int:
+    if _within(module, ("compress.cli",)) or module == "compress.__main__":
+        return 4
+    if _within(module, ("compress.recipes",)):
+        return 3
+    if _within(module, API):
+        return 2
+    if _within(module, FOUNDATION):
+        return 0
+    return 1
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def module_graph(files: list[Path]) -> dict[str, set[str]]:
+    """Each library module -> the library modules it imports, at module level or inside a
+    function; ``from pkg import sub`` counts as an import of the submodule ``pkg.sub``."""
+    names = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                candidates = [[a.name] for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                candidates = [[f"{mod}.{a.name}", mod] for a in node.names]
+            else:
+                continue
+            for options in candidates:
+                for cand in options:  # the most specific name that is a module of the library
+                    while cand and cand not in names:
+                        cand = cand.rpartition(".")[0]
+                    if cand:
+                        if cand != name:
+                            targets.add(cand)
+                        break
+        graph[name] = targets
+    return graph
 
 
 def _library_files() -> list[Path]:
@@ -49,3 +122,41 @@ def test_pipelines_table_points_at_real_files():
     for name, file in PIPELINES.items():
         assert (ROOT / "pipelines" / file).is_file(), name
         assert (ROOT / "pipelines" / "configs" / f"{name}.yaml").is_file(), name
+
+
+def test_every_import_goes_to_the_same_layer_or_below():
+    graph = module_graph(_library_files())
+    assert {"compress.recipes.prune", "compress.training", "compress.cli.main"} <= set(graph)
+    bad = [f"{a} ({LAYER_NAMES[layer_of(a)]}) imports {b} ({LAYER_NAMES[layer_of(b)]})"
+           for a, targets in sorted(graph.items()) for b in sorted(targets) if layer_of(b) > layer_of(a)]
+    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+def test_layer_scanner_sees_imports_inside_functions_and_relative_ones(tmp_path, monkeypatch):
+    pkg = tmp_path / "compress"
+    (pkg / "pruning").mkdir(parents=True)
+    (pkg / "recipes").mkdir()
+    for f in ("__init__.py", "pruning/__init__.py", "recipes/__init__.py", "recipes/prune.py",
+              "errors.py"):
+        (pkg / f).write_text("")
+    (pkg / "pruning" / "masks.py").write_text(
+        "from ..errors import UsageError\n"
+        "def f():\n    from compress.recipes import prune\n    return prune\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    graph = module_graph(sorted(pkg.rglob("*.py")))
+    assert graph["compress.pruning.masks"] == {"compress.errors", "compress.recipes.prune"}
+    assert layer_of("compress.pruning.masks") == 1 and layer_of("compress.recipes.prune") == 3
+    assert layer_of("compress.errors") == 0 and layer_of("compress") == 2
+
+
+def test_workflows_live_in_recipes_and_cli_only():
+    """No module outside compress/recipes/ and compress/cli/ defines a ``run_*`` function."""
+    bad = []
+    for path in _library_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("compress/recipes/", "compress/cli/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("run_"):
+                bad.append(f"{rel}:{node.lineno} {node.name}")
+    assert not bad, "workflows outside compress/recipes/: " + "; ".join(bad)

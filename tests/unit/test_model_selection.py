@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from compress.distill.train import StudentTrainConfig, train_student
-from compress.distill.workflow import hold_out
 from compress.errors import UsageError
+from compress.recipes.distill import hold_out
 from compress.tasks.base import TextDataset
 from students.registry import build_student, student_config
 

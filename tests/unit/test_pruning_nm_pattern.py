@@ -133,7 +133,7 @@ def test_broken_groups_names_the_first():
 
 
 def test_prune_config_sets_sparsity_and_refuses_conflicts():
-    from compress.prune import PruneConfig
+    from compress.recipes.prune import PruneConfig
 
     cfg = PruneConfig(pattern="2 : 4")
     assert (cfg.pattern, cfg.sparsity) == ("2:4", 0.5)
@@ -185,7 +185,7 @@ def test_measure_reports_the_pattern_and_storage_only_on_this_cpu():
     from transformers import BertConfig, BertModel
 
     from compress.api import measure_model, prune_model
-    from compress.measure.workflow import format_measure
+    from compress.recipes.measure import format_measure
 
     if torch.cuda.is_available():
         pytest.skip("checks the verdict of a machine without CUDA")

@@ -70,7 +70,7 @@ def test_mean_pool_ignores_padding():
 
 
 def test_cross_encoder_examples_one_negative_per_positive_cycling_sources(reqa):
-    from compress.retrieval.mining import cross_encoder_examples
+    from compress.recipes.reqa_mining import cross_encoder_examples
 
     bm25 = bm25_order(reqa.questions, reqa.sentences)
     ds, sources = cross_encoder_examples(reqa, bm25, seed=0)
@@ -84,7 +84,7 @@ def test_cross_encoder_examples_one_negative_per_positive_cycling_sources(reqa):
 
 
 def test_mine_pairs_keeps_p_at_least_threshold_weighted_p_squared(reqa, monkeypatch):
-    from compress.retrieval import mining
+    from compress.recipes import reqa_mining as mining
 
     probs = {"It was built in 1889.": 0.9, "The Eiffel Tower is in Paris.": 0.5,
              "It is the capital.": 0.49}
@@ -100,7 +100,7 @@ def test_mine_pairs_keeps_p_at_least_threshold_weighted_p_squared(reqa, monkeypa
 def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path, nltk_data):
     import json
 
-    from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
+    from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill
     from tests.conftest import write_tiny_squad
 
     write_tiny_squad(tmp_path)
@@ -127,7 +127,7 @@ def test_mining_distillation_end_to_end_on_a_tiny_model(tiny_bert, tmp_path, nlt
 def test_unlabeled_questions_get_mined_pairs_only(tiny_bert, tmp_path, nltk_data):
     import json
 
-    from compress.retrieval.mining import ReQAMiningConfig, run_reqa_mining_distill
+    from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill
     from tests.conftest import write_tiny_squad
 
     write_tiny_squad(tmp_path)
@@ -150,7 +150,7 @@ def test_unlabeled_questions_get_mined_pairs_only(tiny_bert, tmp_path, nltk_data
 
 def test_unlabeled_questions_need_a_train_limit():
     from compress.errors import UsageError
-    from compress.retrieval.mining import ReQAMiningConfig
+    from compress.recipes.reqa_mining import ReQAMiningConfig
 
     with pytest.raises(UsageError, match="add --train-limit"):
         ReQAMiningConfig(unlabeled_questions=10)
@@ -163,7 +163,7 @@ def replace_cfg(cfg, **kw):
 
 
 def test_cross_encoder_trains_with_its_own_lr_and_epochs(reqa, tiny_bert, monkeypatch):
-    from compress.retrieval import mining
+    from compress.recipes import reqa_mining as mining
 
     seen = {}
 
@@ -182,7 +182,7 @@ def test_cross_encoder_trains_with_its_own_lr_and_epochs(reqa, tiny_bert, monkey
 
 def test_teacher_lr_must_be_positive():
     from compress.errors import UsageError
-    from compress.retrieval.mining import ReQAMiningConfig
+    from compress.recipes.reqa_mining import ReQAMiningConfig
 
     with pytest.raises(UsageError, match="--teacher-lr must be in"):
         ReQAMiningConfig(teacher_lr=0.0)

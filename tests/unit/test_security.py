@@ -160,7 +160,7 @@ class _Hostile:
 
 
 def test_hostile_checkpoint_is_refused_without_running_code(tmp_path):
-    from compress.training import _sha256, load_checkpoint
+    from compress.checkpoints import _sha256, load_checkpoint
 
     marker = tmp_path / "pwned"
     _Hostile.marker = str(marker)

@@ -1,4 +1,4 @@
-"""Grid parsing and resume semantics of compress.sweep, with a fake cell runner (no training).
+"""Grid parsing and resume semantics of compress.recipes.sweep, with a fake cell runner (no training).
 
 The fake runner is a small Python script given as ``--runner``: it reads ``--out`` from the cell's
 arguments, counts its starts in ``<sweep>/counts/<cell>``, optionally sleeps (to be killed), and
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from compress.errors import CompressError, UsageError
-from compress.sweep import SweepConfig, build_plan, parse_sparsities, run_sweep
+from compress.recipes.sweep import SweepConfig, build_plan, parse_sparsities, run_sweep
 from tests.conftest import run_cli
 
 FAKE = textwrap.dedent("""
@@ -345,7 +345,7 @@ def test_ray_backend_without_ray_names_the_install_command(tmp_path, fake_runner
 
 def test_backend_can_change_between_runs_of_one_sweep(tmp_path, fake_runner):
     """Where cells run does not change what they compute: resuming elsewhere is allowed."""
-    from compress.sweep import _comparable
+    from compress.recipes.sweep import _comparable
 
     a = SweepConfig(out=str(tmp_path), runner=fake_runner)
     b = SweepConfig(out=str(tmp_path), runner=fake_runner, backend="ray", address="auto", gpus_per_cell=1.0)

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from compress.distill import workflow
 from compress.distill.teacher import cached_logits, read_cache, teacher_fingerprint, transfer_key
 from compress.errors import UsageError
+from compress.recipes import distill as workflow
 
 
 def test_cached_logits_computes_once_per_key(tmp_path):
@@ -57,7 +57,7 @@ def test_cache_source_reused_or_refused(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_teacher(tiny_bert, tmp_path_factory):
     """A tiny BERT fine-tuned by compress on the sample task (2 steps): a valid teacher folder."""
-    from compress.finetune import FinetuneConfig, run_finetune
+    from compress.recipes.finetune import FinetuneConfig, run_finetune
 
     out = tmp_path_factory.mktemp("teacher") / "run"
     return run_finetune(FinetuneConfig(model=str(tiny_bert), max_steps=2, batch_size=8, max_length=32,

@@ -28,10 +28,10 @@ import torch
 
 from compress.config import check_choice, check_range
 from compress.errors import UsageError
-from compress.finetune import FinetuneConfig
 from compress.models import load_classifier, read_meta, resolve_model, save_model
+from compress.recipes.finetune import FinetuneConfig
+from compress.recipes.retrieval import gold_pairs, load_reqa_data, train_and_save_dual_encoder
 from compress.retrieval.bm25 import bm25_order
-from compress.retrieval.workflow import gold_pairs, load_reqa_data, train_and_save_dual_encoder
 from compress.tasks.base import TextDataset
 from compress.tasks.retrieval import ReQADataset
 from compress.training import encode, make_collate, predict, train

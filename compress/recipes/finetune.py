@@ -14,8 +14,8 @@ from compress.config import to_dict
 from compress.errors import UsageError
 from compress.models import load_classifier, save_model
 from compress.qa.options import QAOptions
-from compress.qa.workflow import eval_qa, finetune_qa
-from compress.retrieval.workflow import eval_reqa, finetune_reqa
+from compress.recipes.qa import eval_qa, finetune_qa
+from compress.recipes.retrieval import eval_reqa, finetune_reqa
 from compress.runs import RunDir, launch_rank
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
 from compress.tasks.base import TextDataset

@@ -229,7 +229,7 @@ def flops_input_ids(tokenizer, seq_len: int) -> torch.Tensor:
 
 def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
     """Fine-tune the packaged encoder on the task into ``folder`` (a finetune run folder)."""
-    from compress.finetune import FinetuneConfig, run_finetune
+    from compress.recipes.finetune import FinetuneConfig, run_finetune
 
     if (folder / "model" / "compress.json").is_file():
         return folder  # resumed run: the teacher is already there
@@ -244,7 +244,7 @@ def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
 
 def run_distill(cfg: DistillConfig) -> Path:
     """Distil a teacher into ``cfg.student`` on ``cfg.task``; returns the finished run folder."""
-    from compress.finetune import init_bias_to_prior, load_task_data
+    from compress.recipes.finetune import init_bias_to_prior, load_task_data
 
     # ---- validate everything before the run folder exists -------------------------------------
     entry = get_student(cfg.student)

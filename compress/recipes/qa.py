@@ -1,5 +1,5 @@
 """SQuAD fine-tuning and evaluation: load -> features -> train (objective plug-in) -> post-process
--> official EM/F1 -> save. Registered in ``compress.finetune.FINETUNE_FAMILIES``/``EVAL_FAMILIES``.
+-> official EM/F1 -> save. Registered in ``compress.recipes.finetune.FINETUNE_FAMILIES``/``EVAL_FAMILIES``.
 
 Training is the shared loop, ``compress.training.train``: the objective computes the loss
 (``loss_fn=objective.loss``) and is trained beside the model (``extra_modules``: PFA's perturbation

@@ -36,7 +36,6 @@ from compress.distill.teacher_kd import (
     teacher_logits_collate,
 )
 from compress.errors import DataError, UsageError
-from compress.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
 from compress.measure.sparsity import sparsity_report
 from compress.models import load_classifier, load_tokenizer, register_model_types, resolve_model, save_model
 from compress.pruning.integrity import (
@@ -59,6 +58,7 @@ from compress.pruning.pruner import (
 from compress.pruning.schedules import SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
+from compress.recipes.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
 from compress.runs import RunDir, write_json
 from compress.tasks import get_task
 from compress.trackers import start_tracking
@@ -575,7 +575,7 @@ def run_prune(cfg: PruneConfig) -> Path:
     return STAGES[cfg.stage](cfg)
 
 
-# Task families whose fine-tuning workflow lives with the task (compress.finetune.FINETUNE_FAMILIES):
+# Task families whose fine-tuning workflow lives with the task (compress.recipes.finetune.FINETUNE_FAMILIES):
 # pruning rides on it as a hook instead of a loop of its own.
 OTHER_FAMILIES = ("qa", "retrieval")
 
