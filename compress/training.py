@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +145,15 @@ def param_groups(model, cfg: TrainConfig) -> list[dict]:
     return [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0,
              **({"lr": cfg.head_lr} if head else {})}
             for (decay, head), ps in sorted(groups.items())]
+
+
+def progress_wanted() -> bool:
+    """The training bar shows on a terminal; COMPRESS_NO_PROGRESS=1 hides it and =0 forces it
+    (``--verbose``). A log file (stderr not a terminal) would fill with carriage returns."""
+    setting = os.environ.get("COMPRESS_NO_PROGRESS")
+    if setting in ("0", "1"):
+        return setting == "0"
+    return sys.stderr.isatty()
 
 
 def set_seed(seed: int) -> None:
@@ -351,7 +361,7 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
         m.train()
     main = accelerator.is_main_process
     bar = tqdm(total=total, initial=step, desc="train", leave=False,
-               disable=not main or os.environ.get("COMPRESS_NO_PROGRESS") == "1")
+               disable=not main or not progress_wanted())
     last = float("nan")
     while step < total:
         epoch, offset = divmod(step, per_epoch)
