@@ -141,3 +141,59 @@ def agreement(student_logits, teacher_logits, multilabel: bool) -> float:
     if multilabel:
         return float(((s > 0) == (t > 0)).mean())
     return float((s.argmax(-1) == t.argmax(-1)).mean())
+
+
+# ------------------------------------------------------------------ extractive QA (span logits)
+
+
+def span_kd_loss(student_start: torch.Tensor, student_end: torch.Tensor, teacher_start: torch.Tensor,
+                 teacher_end: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``T^2 * (KL(t_start || s_start) + KL(t_end || s_end)) / 2``: the distillation term of a span
+    model, softmax over the token positions of each window (batch-mean KL), as the task loss
+    averages the start and end cross-entropies."""
+
+    def kl(s, t):
+        return F.kl_div(F.log_softmax(s / temperature, -1), F.log_softmax(t / temperature, -1),
+                        reduction="batchmean", log_target=True)
+
+    return temperature ** 2 * (kl(student_start, teacher_start) + kl(student_end, teacher_end)) / 2
+
+
+class SpanDistillation(torch.nn.Module):
+    """The squad objective with a teacher: span cross-entropy + ``kd_lambda * span_kd_loss``.
+
+    A training objective (``loss(model, batch) -> (loss, extra)``, no trainable parameters of its
+    own). The teacher runs on each batch in eval mode without gradients; it is held outside the
+    module's parameters and state, so it is never optimised, pruned or written into checkpoints."""
+
+    def __init__(self, teacher: torch.nn.Module, kd_lambda: float, temperature: float):
+        super().__init__()
+        teacher.eval().requires_grad_(False)
+        self._teacher = [teacher]  # a list: not a registered submodule
+        self.kd_lambda, self.temperature = kd_lambda, temperature
+
+    @property
+    def teacher(self) -> torch.nn.Module:
+        return self._teacher[0]
+
+    def trainable_parameters(self):
+        return []
+
+    def loss(self, model, batch: dict):
+        from compress.qa.objectives import INPUT_KEYS, span_loss
+
+        inputs = {k: batch[k] for k in INPUT_KEYS if k in batch}
+        out = model(**inputs)
+        task = span_loss(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"])
+        self.teacher.to(out.start_logits.device)
+        with torch.no_grad():
+            t = self.teacher(**inputs)
+        kd = span_kd_loss(out.start_logits, out.end_logits, t.start_logits, t.end_logits, self.temperature)
+        return task + self.kd_lambda * kd, {"task_loss": float(task.detach()), "kd_loss": float(kd.detach())}
+
+
+def answer_agreement(student_preds: dict[str, str], teacher_preds: dict[str, str]) -> float:
+    """Fraction of questions whose predicted answer text is the teacher's."""
+    if not teacher_preds:
+        return float("nan")
+    return sum(student_preds.get(q) == a for q, a in teacher_preds.items()) / len(teacher_preds)

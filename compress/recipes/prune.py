@@ -601,9 +601,9 @@ class _FinalizeAndWrite(TrainHook):
 
 def prune_finetune_workflow(cfg: PruneConfig, family: str) -> Path:
     """squad / reqa: the task's own fine-tuning workflow (``run_finetune``) with the pruning hook."""
-    if cfg.teacher:
-        raise UsageError(f"--teacher distils classification logits; '{cfg.task}' is a {family} task, "
-                         "which does not support it yet (drop --teacher)")
+    if cfg.teacher and family != "qa":
+        raise UsageError(f"--teacher distils classification or span logits; '{cfg.task}' is a {family} "
+                         "task, which does not support it yet (drop --teacher)")
     if cfg.structured:
         raise UsageError(f"--structured supports classification tasks; '{cfg.task}' is a {family} task "
                          "(leave --structured unset)")

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from compress.config import to_dict
-from compress.errors import ModelError
+from compress.distill.teacher_kd import TEACHER_SELF, SpanDistillation, answer_agreement, check_teacher_fits
+from compress.errors import ModelError, UsageError
 from compress.models import (
     load_tokenizer,
     match_tokenizer_inputs,
@@ -61,6 +62,20 @@ def load_qa_model(spec: str, require_finetuned: bool = False):
         raise ModelError(f"could not load '{spec}' as a question-answering model ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
     return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
+
+
+def load_span_teacher(cfg, tokenizer) -> torch.nn.Module:
+    """The frozen teacher of a squad run with ``--teacher``: a model fine-tuned on squad (``self``:
+    the model the run starts from) with the student's tokenizer. Checked before any folder exists."""
+    if cfg.objective != "plain":
+        raise UsageError(f"--teacher on squad distils the span logits with --objective plain, not "
+                         f"'{cfg.objective}'; use --objective plain or drop --teacher")
+    if cfg.kd_hidden:
+        raise UsageError("--kd-hidden applies to classification tasks; on squad drop it")
+    spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
+    teacher, teacher_tok, _ = load_qa_model(spec, require_finetuned=True)
+    check_teacher_fits(teacher_tok, tokenizer, (), (), spec)
+    return teacher.eval().requires_grad_(False)
 
 
 def load_qa_data(cfg, splits: Sequence[str] = ("train", "dev")) -> dict[str, QADataset]:
@@ -122,6 +137,9 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
     set_seed(cfg.seed)  # a fresh span head and the objective's layers start from the global RNG
     model, tokenizer, _ = load_qa_model(cfg.model)
     objective = make_objective(cfg.objective, model, cfg)
+    teacher = load_span_teacher(cfg, tokenizer) if getattr(cfg, "teacher", None) else None
+    if teacher is not None:  # distillation-aware pruning: span cross-entropy + KD on start/end logits
+        objective = SpanDistillation(teacher, cfg.lambda_for(False), cfg.temperature)
     # A pruned encoder keeps its zeros on squad too, unless --information-deletion.
     hooks = fine_tuning_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),
                               hook_factory)
@@ -156,6 +174,13 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
                    "skipped_bad_examples": data["train"].skipped, "steps": result["steps"],
                    "final_loss": result["final_loss"], "train_seconds": round(train_s, 1),
                    "metric": spec.metric, "eval": metrics}
+        if teacher is not None:
+            t_metrics, t_preds = evaluate_qa(teacher, tokenizer, data["dev"], cfg.max_length, doc_stride,
+                                             cfg.n_best, cfg.max_answer_length, cfg.eval_batch_size)
+            summary["distillation"] = {
+                "teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(False), "temperature": cfg.temperature,
+                "kd_hidden": 0.0, "teacher_eval": t_metrics,
+                "agreement_with_teacher": answer_agreement(preds, t_preds)}
         run.write_summary(summary)
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     print(f"{spec.name}: EM = {metrics['exact_match']:.2f}, F1 = {metrics['f1']:.2f} on "

@@ -108,9 +108,41 @@ def test_teacher_options_that_do_not_apply_are_refused(tiny_bert, tmp_path, caps
     assert main(["prune", "--model", str(tiny_bert), "--kd-lambda", "2", "--out", str(runs / "a")]) == 2
     assert "--kd-lambda applies with --teacher only" in capsys.readouterr().err
     write_tiny_squad(tmp_path)
-    assert main(["prune", "--model", str(tiny_bert), "--task", "squad", "--data-dir", str(tmp_path),
+    assert main(["prune", "--model", str(tiny_bert), "--task", "reqa", "--data-dir", str(tmp_path),
                  "--teacher", "self", "--out", str(runs / "b")]) == 2
     assert "does not support it yet" in capsys.readouterr().err
+    # squad distils span logits from a model fine-tuned on squad: a plain encoder is refused
+    assert main(["prune", "--model", str(tiny_bert), "--task", "squad", "--data-dir", str(tmp_path),
+                 "--split-by-article", "2/1", "--teacher", "self", "--out", str(runs / "q")]) == 1
+    assert "not fine-tuned on squad" in capsys.readouterr().err
+    assert main(["prune", "--model", str(tiny_bert), "--task", "squad", "--data-dir", str(tmp_path),
+                 "--split-by-article", "2/1", "--teacher", "self", "--objective", "pfa",
+                 "--out", str(runs / "p")]) == 2
+    assert "with --objective plain" in capsys.readouterr().err
     assert main(["prune", "--model", str(tiny_bert), "--stage", "pretrain", "--teacher", "self",
                  "--out", str(runs / "c")]) == 2
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_squad_pruning_distils_start_and_end_logits(tiny_bert, tmp_path, capsys):
+    """A squad run with --teacher: the span model is the teacher, the summary reports it, the
+    masks hold, and the teacher's files are untouched."""
+    write_tiny_squad(tmp_path)
+    qa = ["--task", "squad", "--data-dir", str(tmp_path), "--split-by-article", "2/1", "--max-length", "48",
+          "--doc-stride", "16", "--batch-size", "4", "--seed", "5"]
+    teacher = tmp_path / "squad-teacher"
+    assert main(["finetune", "--model", str(tiny_bert), *qa, "--max-steps", "3", "--out", str(teacher)]) == 0
+    before = _weights(teacher)
+    run = tmp_path / "pruned"
+    assert main(["prune", "--model", str(teacher), *qa, "--sparsity", "0.5", "--max-steps", "4",
+                 "--log-every", "1", "--teacher", "self", "--kd-lambda", "2", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    d = summary["distillation"]
+    assert d["teacher"] == "self" and d["kd_lambda"] == 2.0 and d["temperature"] == 1.0
+    assert set(d["teacher_eval"]) >= {"exact_match", "f1"} and 0.0 <= d["agreement_with_teacher"] <= 1.0
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    kd_terms = [m["kd_loss"] for m in logged if "kd_loss" in m]
+    assert len(kd_terms) == 4 and all(v >= 0 for v in kd_terms)
+    assert main(["verify", str(run)]) == 0
+    after = _weights(teacher)
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -134,3 +134,48 @@ def test_lambda_defaults_follow_compress_distill():
     assert TeacherKDOptions(teacher="x").lambda_for(False) == 4.0
     assert TeacherKDOptions(teacher="x").lambda_for(True) == 1.0
     assert TeacherKDOptions(teacher="x", kd_lambda=0.5).lambda_for(True) == 0.5
+
+
+def test_span_kd_loss_equals_a_hand_computation():
+    import numpy as np
+
+    from compress.distill.teacher_kd import span_kd_loss
+
+    s_start, s_end = torch.tensor([[1.0, 0.0, -1.0]]), torch.tensor([[0.5, 0.5, 0.0]])
+    t_start, t_end = torch.tensor([[0.0, 2.0, 0.0]]), torch.tensor([[1.0, -1.0, 0.0]])
+    T = 2.0
+
+    def kl(s, t):  # KL(softmax(t/T) || softmax(s/T)) by hand
+        p = np.exp(t / T) / np.exp(t / T).sum()
+        q = np.exp(s / T) / np.exp(s / T).sum()
+        return float((p * np.log(p / q)).sum())
+
+    want = T ** 2 * (kl(s_start.numpy()[0], t_start.numpy()[0]) + kl(s_end.numpy()[0], t_end.numpy()[0])) / 2
+    assert float(span_kd_loss(s_start, s_end, t_start, t_end, T)) == pytest.approx(want, rel=1e-6)
+    assert float(span_kd_loss(t_start, t_end, t_start, t_end, T)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_span_distillation_lambda_zero_is_the_plain_objective_and_the_teacher_stays_out():
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    from compress.distill.teacher_kd import SpanDistillation
+    from compress.qa.objectives import PlainObjective
+
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    student, teacher = BertForQuestionAnswering(cfg), BertForQuestionAnswering(cfg)
+    batch = {"input_ids": torch.randint(0, 50, (3, 7)), "attention_mask": torch.ones(3, 7, dtype=torch.long),
+             "start_positions": torch.tensor([1, 2, 3]), "end_positions": torch.tensor([2, 2, 5])}
+    plain, _ = PlainObjective().loss(student, batch)
+    kd0, extra = SpanDistillation(teacher, 0.0, 1.0).loss(student, batch)
+    assert torch.equal(plain, kd0) and extra["kd_loss"] > 0
+    kd = SpanDistillation(teacher, 3.0, 1.0)
+    loss, extra = kd.loss(student, batch)
+    assert float(loss) == pytest.approx(float(plain) + 3.0 * extra["kd_loss"], rel=1e-4)
+    # the teacher is no parameter, state or trainable part of the objective, and does not train
+    assert list(kd.parameters()) == [] and kd.state_dict() == {} and kd.trainable_parameters() == []
+    t_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(t_before[k], v) for k, v in teacher.state_dict().items())
