@@ -5,7 +5,9 @@ peers on a CUDA machine, with no hub and no ../shared.
    12 heads, FFN 1536) and BERT-base's (12 layers, 768, 12 heads, 3072), vocabulary 30522;
 2. exports each with the real CLI: fp32 optimized and fp16, each with its parity check on CUDA;
 3. ``compress bench`` of each: PyTorch eager fp32 (the baseline), torch-fp16, torch-bf16,
-   torch-compile, and the onnxruntime CUDA fp32/fp16 files, at batch 32 x 128 and 1 x 128;
+   torch-compile, and the onnxruntime CUDA fp32/fp16 files, at batch 32 x 128 and 1 x 128; then
+   BERT-base's shape pruned one-shot to 2:4: torch-fp16 against torch-sparse (PyTorch's
+   semi-structured sparse linears) at batch 32 x 512;
 4. runs the tests marked ``gpu`` (after the MiniLM shape's bench, before BERT-base's); they include
    a bf16 export checked on CUDA (does onnxruntime's CUDA provider run the bfloat16 graph?), and a
    bf16 export of the MiniLM shape comes last if time is left;
@@ -130,6 +132,29 @@ def build_model(folder: Path, layers: int, hidden: int, heads: int, ffn: int) ->
     return folder
 
 
+def two_four_copy(src: Path, dst: Path) -> Path:
+    """``src`` with every encoder ``nn.Linear`` pruned one-shot to 2:4 by magnitude (the two
+    smallest |w| of each group of 4 along the input dimension set to zero), saved to ``dst``."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(src, use_safetensors=True)
+    with torch.no_grad():
+        for mod in model.bert.encoder.modules():
+            if isinstance(mod, torch.nn.Linear):
+                groups = mod.weight.data.reshape(-1, 4)
+                groups.scatter_(1, groups.abs().argsort(dim=1)[:, :2], 0.0)
+    model.save_pretrained(dst, safe_serialization=True)
+    return dst
+
+
+SPARSE_BENCH = ["--batch-sizes", "32", "--seq-lens", "512", "--warmup", "3", "--iterations", "20",
+                "--rounds", "3", "--provider", "cuda", "--runtimes", "torch-fp16,torch-sparse"]
+TINY_SPARSE_BENCH = ["--batch-sizes", "2", "--seq-lens", "16", "--warmup", "1", "--iterations", "1",
+                     "--rounds", "1", "--settle-s", "0", "--matmul-n", "64", "--provider", "cpu",
+                     "--runtimes", "torch,torch-sparse"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for gpu_check.json, models, exports, benches")
@@ -210,6 +235,21 @@ def run_check(args: argparse.Namespace, out: Path, work: Path) -> int:
         check.save()
     for name in names[1:]:
         bench(name, {"fp32": export(name, "fp32"), "fp16": export(name, "fp16")})
+    # 2:4 semi-structured linears against dense fp16, at the largest shape (BERT-base's), 32 x 512
+    last = names[-1]
+    sparse_name = f"{last}-2of4"
+    models[sparse_name] = two_four_copy(models[last], work / "models" / sparse_name)
+    run_dir = out / "bench" / sparse_name
+    step = check.run(f"bench {sparse_name}", [*cli, "bench", f"{sparse_name}={models[sparse_name]}",
+                                              *(TINY_SPARSE_BENCH if args.tiny else SPARSE_BENCH),
+                                              "--out", str(run_dir)], min_s=30.0)
+    if step.get("rc") == 0 and (run_dir / "bench.json").is_file():
+        data = json.loads((run_dir / "bench.json").read_text())
+        check.record["bench"][sparse_name] = {
+            "table": [{k: r.get(k) for k in ("model", "runtime", "batch", "seq_len", "mean_ms", "throughput",
+                                              "vs_baseline")} for r in data["rows"]],
+            "skipped": data.get("skipped", []), "peer_parity": data["models"][0].get("peer_parity")}
+        check.save()
     if not args.tiny:  # last, if time is left: the gpu tests already export a tiny bf16 graph on CUDA
         export(first, "bf16")
     failed = [s["name"] for s in check.record["steps"] if s.get("rc") not in (0, None) or s.get("timed_out")]

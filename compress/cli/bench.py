@@ -17,9 +17,10 @@ HELPS = {"batch_sizes": "batch sizes to time (integers)", "seq_lens": "sequence 
          "rounds": "rounds in which every model is timed in turn (spreads machine drift evenly)",
          "settle_s": "idle seconds before each model's turn, which then starts with one untimed call",
          "runtimes": "for model folders: torch (eager fp32), ort (exported on the fly) and the PyTorch "
-                     "peers torch-fp16, torch-bf16 (GPU only), torch-compile (compile time reported "
-                     "apart), torch-int8 (dynamic int8 nn.Linear, CPU only); .onnx files always use "
-                     "ort; choices: " + ", ".join(RUNTIMES),
+                     "peers torch-fp16, torch-bf16 (GPU only), torch-sparse (2:4-pruned linears in "
+                     "PyTorch semi-structured form; GPU of capability >= 8.0), torch-compile "
+                     "(compile time reported apart), torch-int8 (dynamic int8 nn.Linear, CPU only); "
+                     ".onnx files always use ort; choices: " + ", ".join(RUNTIMES),
          "provider": "onnxruntime provider: auto, cpu, cuda or a full provider name",
          "threads": "intra-op threads for torch and onnxruntime (default: torch's)",
          "matmul_n": "matrix size of the dense matmul peak measurement",

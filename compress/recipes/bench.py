@@ -4,7 +4,9 @@ Each model argument is a model/run/student folder (timed in PyTorch eager and, e
 fly with the parity check, in onnxruntime) or an ``.onnx`` file (onnxruntime only; a float16 or
 bfloat16 file's row is ``ort-fp16``/``ort-bf16``). PyTorch peers of a folder's eager model answer
 "is the export faster than what I would do in PyTorch?" in the same table (``--runtimes``):
-``torch-fp16``/``torch-bf16`` (the model cast to half precision; GPU only), ``torch-compile``
+``torch-fp16``/``torch-bf16`` (the model cast to half precision; GPU only), ``torch-sparse`` (fp16
+with every 2:4-pruned linear in PyTorch's semi-structured sparse form; GPU of compute capability
+>= 8.0 only), ``torch-compile``
 (``torch.compile`` of the eager model; its compile time, the first call at each shape, is taken
 before the timed calls and reported as ``compile_s``) and ``torch-int8`` (dynamic int8
 quantization of every ``nn.Linear``; CPU only). Each peer's logits are checked against eager fp32
@@ -38,13 +40,16 @@ from compress.config import check_choice, check_range, to_dict
 from compress.errors import UsageError
 from compress.measure.latency import _sync
 
-RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-int8")
+RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch-sparse")
 DEFAULT_RUNTIMES = ("torch", "ort")
-TORCH_PEERS = ("torch-fp16", "torch-bf16", "torch-compile", "torch-int8")
+TORCH_PEERS = ("torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch-sparse")
 # logits, absolute, against PyTorch eager fp32 on the same inputs: half precision as the ONNX
 # half-precision exports (compress.export.onnx), int8 as the int8 export; torch.compile reorders and
 # fuses float32 arithmetic only.
-PEER_ATOL = {"torch-fp16": 0.05, "torch-bf16": 0.4, "torch-compile": 1e-3, "torch-int8": 1.0}
+PEER_ATOL = {"torch-fp16": 0.05, "torch-bf16": 0.4, "torch-compile": 1e-3, "torch-int8": 1.0,
+             "torch-sparse": 0.05}
+# torch.sparse.to_sparse_semi_structured (CUTLASS/cuSPARSELt 2:4 kernels): NVIDIA Ampere and later
+SEMI_STRUCTURED_CAPABILITY = (8, 0)
 
 
 @dataclass(frozen=True)
@@ -274,10 +279,58 @@ def torch_peer(loaded, runtime: str, device: str):
             return "CPU only: PyTorch's dynamically quantized nn.Linear has no CUDA kernels"
         with torch.no_grad():
             peer = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    elif runtime == "torch-sparse":
+        why = semi_structured_unavailable(device)
+        if why:
+            return why
+        peer = copy.deepcopy(model).to(torch.float16)
+        converted = to_semi_structured(peer)
+        if not converted:
+            return ("no nn.Linear holds the 2:4 pattern at a shape the sparse kernels take; prune with "
+                    "'compress prune --pattern 2:4' first")
     else:  # torch-compile
         peer = torch.compile(model)
     return _torch_callable(LoadedModel(peer.eval(), loaded.input_names, loaded.kind, loaded.path,
                                        loaded.meta))
+
+
+def semi_structured_unavailable(device: str) -> str | None:
+    """Why PyTorch's 2:4 sparse matmuls cannot run here (None when they can)."""
+    if device != "cuda" or not torch.cuda.is_available():
+        return ("GPU only: PyTorch's 2:4 semi-structured sparse kernels need a CUDA device of compute "
+                "capability >= 8.0, and there is none here")
+    cap = torch.cuda.get_device_capability()
+    if tuple(cap) < SEMI_STRUCTURED_CAPABILITY:
+        return f"the GPU's compute capability {cap[0]}.{cap[1]} is below 8.0, which 2:4 sparse kernels need"
+    return None
+
+
+def two_four_linears(model: torch.nn.Module) -> list[str]:
+    """Names of the ``nn.Linear`` layers whose weight holds 2:4 (at least 2 zeros in every group
+    of 4 along the input dimension) at a shape the semi-structured kernels take (both dimensions
+    multiples of 64)."""
+    from compress.pruning.masks import broken_groups
+
+    names = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            out_f, in_f = mod.weight.shape
+            if out_f % 64 == 0 and in_f % 64 == 0 and broken_groups(mod.weight, 2, 4)[0] == 0:
+                names.append(name)
+    return names
+
+
+def to_semi_structured(model: torch.nn.Module) -> list[str]:
+    """Swap each 2:4 ``nn.Linear`` weight of ``model`` (on CUDA, half precision) for its
+    ``torch.sparse.to_sparse_semi_structured`` form, in place; the converted layer names."""
+    from torch.sparse import to_sparse_semi_structured
+
+    converted = []
+    for name in two_four_linears(model):
+        mod = model.get_submodule(name)
+        mod.weight = torch.nn.Parameter(to_sparse_semi_structured(mod.weight.detach()), requires_grad=False)
+        converted.append(name)
+    return converted
 
 
 def check_peer_parity(loaded, peer, runtime: str, device: str, batch: int = 2, length: int = 16

@@ -53,10 +53,11 @@ def test_every_runtime_runs_or_says_why_not(bench):
     here = {"torch", "ort", "torch-compile"} | ({"torch-fp16", "torch-bf16"} if GPU else {"torch-int8"})
     assert runs == {("base", rt) for rt in here} | {("half", "ort-fp16")}
     skipped = {(s["model"], s["runtime"]): s["reason"] for s in bench["skipped"]}
-    if GPU:
-        assert set(skipped) == {("base", "torch-int8")} and "CPU only" in skipped[("base", "torch-int8")]
+    if GPU:  # the tiny BERT is dense (and its 32-wide matrices too small for the 2:4 kernels)
+        assert set(skipped) == {("base", "torch-int8"), ("base", "torch-sparse")}
+        assert "CPU only" in skipped[("base", "torch-int8")]
     else:
-        assert set(skipped) == {("base", "torch-fp16"), ("base", "torch-bf16")}
+        assert set(skipped) == {("base", "torch-fp16"), ("base", "torch-bf16"), ("base", "torch-sparse")}
         assert all(why.startswith("GPU only") for why in skipped.values())
 
 
@@ -129,3 +130,53 @@ def test_onnx_rows_say_their_precision_and_token_range_through_fused_embeddings(
     assert onnx_precision(str(tmp_path / "o.onnx")) == "fp32"
     convert_to_half(tmp_path / "o.onnx", tmp_path / "h.onnx", "bf16")
     assert onnx_precision(str(tmp_path / "h.onnx")) == "bf16" and _onnx_vocab(str(tmp_path / "h.onnx")) == 500
+
+
+def test_two_four_linears_are_found_and_torch_sparse_says_why_not_on_a_cpu():
+    from compress.recipes.bench import semi_structured_unavailable, two_four_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.Linear(64, 48))
+    with torch.no_grad():
+        for i in (0, 3):  # 2:4 on the first (shape fits the kernels) and the last (48 rows do not):
+            groups = model[i].weight.data.reshape(-1, 4)  # the two smallest |w| of each group of 4 -> 0
+            groups.scatter_(1, groups.abs().argsort(dim=1)[:, :2], 0.0)
+    assert two_four_linears(model) == ["0"]  # "2" is dense, "3" has 48 output rows
+    model[0].weight.data[0, 0:4] = 1.0  # one group with no zero left
+    assert two_four_linears(model) == []
+    if not torch.cuda.is_available():
+        assert "GPU only" in semi_structured_unavailable("cpu")
+
+
+def test_torch_sparse_peer_is_skipped_with_its_reason_on_a_cpu(tiny_bert):
+    loaded = load_torch_model(str(tiny_bert), attn_implementation=None)
+    why = torch_peer(loaded, "torch-sparse", "cpu")
+    assert isinstance(why, str) and "compute capability >= 8.0" in why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_torch_sparse_peer_runs_a_two_four_model_on_the_gpu():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from compress.export.onnx import LoadedModel as LM
+    from compress.recipes.bench import semi_structured_unavailable, two_four_linears
+
+    if semi_structured_unavailable("cuda"):
+        pytest.skip(semi_structured_unavailable("cuda"))
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=500, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=256)
+    model = BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        for mod in model.bert.encoder.modules():
+            if isinstance(mod, torch.nn.Linear):
+                groups = mod.weight.data.reshape(-1, 4)
+                groups.scatter_(1, groups.abs().argsort(dim=1)[:, :2], 0.0)
+    assert len(two_four_linears(model.bert.encoder)) == 12
+    loaded = LM(model.to("cuda"), ("input_ids", "attention_mask", "token_type_ids"), "bert")
+    call = torch_peer(loaded, "torch-sparse", "cuda")
+    assert not isinstance(call, str), call
+    p = check_peer_parity(loaded, call, "torch-sparse", "cuda", batch=32, length=64)
+    assert p["max_abs_diff"] <= PEER_ATOL["torch-sparse"]

@@ -26,7 +26,8 @@ def test_tiny_rehearsal_writes_exports_bench_table_and_skips(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     assert record["mode"] == "tiny" and record["failed_steps"] == [] and record["not_run"] == []
-    assert [s["name"] for s in record["steps"]] == ["export tiny fp32", "export tiny fp16", "bench tiny"]
+    assert [s["name"] for s in record["steps"]] == ["export tiny fp32", "export tiny fp16", "bench tiny",
+                                                    "bench tiny-2of4"]
     exports = record["exports"]["tiny"]
     assert exports["fp16"]["half"]["half_initializers"] > 0 and exports["fp32"]["fused_ops"]["Attention"] == 2
     table = record["bench"]["tiny"]["table"]
@@ -35,7 +36,10 @@ def test_tiny_rehearsal_writes_exports_bench_table_and_skips(tmp_path):
     assert all(r["mean_ms"] > 0 and r["vs_baseline"] > 0 for r in table)
     assert [s["runtime"] for s in record["bench"]["tiny"]["skipped"]] == ["torch-fp16"]
     assert "torch" in record["environment"] and (tmp_path / "nvidia-smi.txt").is_file()
-    assert "gpu check: 3 steps, failed: none" in proc.stdout
+    sparse = record["bench"]["tiny-2of4"]  # the 2:4 copy: dense eager times; torch-sparse needs a GPU
+    assert {(r["model"], r["runtime"]) for r in sparse["table"]} == {("tiny-2of4", "torch")}
+    assert [s["runtime"] for s in sparse["skipped"]] == ["torch-sparse"]
+    assert "gpu check: 4 steps, failed: none" in proc.stdout
     assert not list(tmp_path.rglob("*.onnx")) and not list(tmp_path.rglob("*.safetensors"))  # kept small
 
 
@@ -45,5 +49,5 @@ def test_a_spent_budget_is_recorded_not_silent(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert record["not_run"] == ["export tiny fp32", "export tiny fp16", "bench tiny"]
+    assert record["not_run"] == ["export tiny fp32", "export tiny fp16", "bench tiny", "bench tiny-2of4"]
     assert all(s["not_run"].startswith("out of time") for s in record["steps"])
