@@ -673,26 +673,11 @@ def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
                  ) -> dict[str, Any]:
     """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``); with
     ``with_logits`` also the logits ([examples, labels] numpy) under ``"logits"``."""
+    from compress.evaluation import evaluate
     from compress.export.ort import OrtModel
-    from compress.metrics import compute_metrics
-    from compress.training import encode, make_collate
 
     model = OrtModel(onnx_path, provider=provider)
-    feats = encode(tokenizer, ds, max_length)
-    collate = make_collate(tokenizer)
-    outs = []
-    for i in range(0, len(feats), batch_size):
-        batch = collate(feats[i:i + batch_size])
-        batch.pop("labels")
-        outs.append(model(**batch).float().numpy())
-    labels = np.array([f["labels"] for f in feats])
-    logits = np.concatenate(outs)
-    m = compute_metrics(spec.family, logits, labels)
-    m["score"] = m[spec.metric]
-    m["n"] = len(ds)
-    if with_logits:
-        m["logits"] = logits
-    return m
+    return evaluate(lambda batch: model(**batch), tokenizer, spec, ds, max_length, batch_size, with_logits)
 
 
 def half_accuracy(fp32_path: str | Path, half_path: str | Path, precision: str, tokenizer, spec, ds,

@@ -20,7 +20,7 @@ from compress.runs import RunDir, launch_rank
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
 from compress.tasks.base import TextDataset
 from compress.trackers import start_tracking
-from compress.training import TrainConfig, TrainHook, encode, make_collate, predict, set_seed, train
+from compress.training import TrainConfig, TrainHook, encode, set_seed, train
 
 
 @dataclass(frozen=True)
@@ -77,18 +77,12 @@ def load_task_data(cfg: TaskDataConfig, splits: tuple[str, ...] = ("train", "eva
 
 def evaluate(model, tokenizer, spec: TaskSpec, ds: TextDataset, max_length: int,
              batch_size: int = 128) -> dict[str, float]:
-    """Metrics of ``model`` on ``ds``; the task's primary metric is also under ``'score'``."""
-    import numpy as np
+    """Metrics of a PyTorch ``model`` on ``ds`` (``compress.evaluation.evaluate``, as onnxruntime's
+    are); the task's primary metric is also under ``'score'``."""
+    from compress.evaluation import evaluate as evaluate_fn
+    from compress.evaluation import torch_logits_fn
 
-    from compress.metrics import compute_metrics
-
-    feats = encode(tokenizer, ds, max_length)
-    logits = predict(model, feats, make_collate(tokenizer), batch_size)
-    labels = np.array([f["labels"] for f in feats])
-    m = compute_metrics(spec.family, logits, labels)
-    m["score"] = m[spec.metric]
-    m["n"] = len(ds)
-    return m
+    return evaluate_fn(torch_logits_fn(model), tokenizer, spec, ds, max_length, batch_size)
 
 
 HookFactory = Callable[[object], list[TrainHook]]
