@@ -204,3 +204,20 @@ def test_report_errors(tmp_path):
     assert not (tmp_path / "empty" / "report.md").exists()
     res = run_cli("report")
     assert res.returncode == 2 and "pass the sweep or run folder" in res.stderr
+
+
+def test_feature_texts_are_the_pretraining_cells_held_out_lines(tmp_path):
+    """The report scores features on the lines the masked-LM stage held out, not on others."""
+    from compress.pruning.mlm import read_corpus, split_heldout
+    from compress.report.sweep import _heldout_texts
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence number {i} about pruning models" for i in range(100)))
+    (tmp_path / "pt-dense").mkdir()
+    (tmp_path / "pt-dense" / "config.yaml").write_text("heldout_fraction: 0.1\n")
+    state = {"config": {"pretrain_corpus": [str(corpus)]}}
+    texts = _heldout_texts(tmp_path, state, "pt-dense", 50)
+    _, held = split_heldout(read_corpus([str(corpus)]), 0.1)
+    assert texts == held and len(texts) == 10 and texts[0] == "sentence number 90 about pruning models"
+    assert _heldout_texts(tmp_path, state, "pt-dense", 3) == held[-3:]
+    assert _heldout_texts(tmp_path, {"config": {}}, "pt-dense", 3) == []

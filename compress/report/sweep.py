@@ -1,109 +1,20 @@
-"""``write_report(run_or_sweep_dir)``: report.md with PNG plots and CSV tables.
-
-A sweep folder (``sweep.json``) gets the paper's views: dev metric against sparsity per variant
-(best over the learning-rate grid), held-out pre-training loss against sparsity, the downstream
-metric against pre-training loss with its linear fit (Gordon et al. Figure 2 left), layer-wise
-feature similarity of pruned and dense pre-trained models (Figure 2 right), mask difference
-between pre-training and downstream pruning (Figure 3), movement in the magnitude sort order
-during fine-tuning (Table 2), per-head sparsity (Figure 4 left) and the Pareto front of metric
-against non-zero weights and effective FLOPs. A pipeline folder (``pipeline.json``: docbert,
-export-bench) gets the distillation table (params / FLOPs / latency / metric) and the BiLSTM
-hidden-size curve. A single run folder gets its summary, sparsity tables, training-loss curve and
-per-head sparsity.
-
-Everything is read from run-folder files; the numbers come from ``compress.analysis``. Plots and
-CSVs go to ``<dir>/report/``, report.md to ``<dir>/report.md`` (rewritten on every call).
-"""
+"""The report of a sweep folder (``sweep.json``): the views of Gordon et al. 2020."""
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 from compress import analysis as A
 from compress.errors import DataError
-from compress.runs import write_text_atomic
-
-SPARSITY_AXIS = "sparsity (% of prunable weights set to zero)"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(rows)
-
-
-def _md_table(header: list[str], rows: list[list[Any]]) -> str:
-    def fmt(v):
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def _save_fig(fig, path: Path) -> None:
-    """Save as PNG; the axis labels also go into the file's text chunks (``x-axis``, ``y-axis``)
-    so a reader (and the tests) can check every plot says what its axes measure."""
-    from matplotlib.ticker import MaxNLocator
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ax = fig.axes[0]
-    if "layer" in ax.get_xlabel():
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"x-axis": ax.get_xlabel(), "y-axis": ax.get_ylabel(),
-                                         "Title": ax.get_title()})
-    _plt().close(fig)
-
-
-def write_report(path: str | Path) -> Path:
-    """Write ``report.md`` (+ ``report/*.png``, ``report/*.csv``) for a sweep or run folder."""
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise DataError(f"{root} is not a folder; pass a sweep folder (with sweep.json) or a run "
-                        "folder (with summary.json)")
-    if (root / "sweep.json").is_file():
-        text = _sweep_report(root)
-    elif (root / "pipeline.json").is_file():
-        text = _pipeline_report(root)
-    elif (root / "summary.json").is_file():
-        text = _run_report(root)
-    else:
-        raise DataError(f"{root} has no sweep.json, pipeline.json or summary.json; pass a finished "
-                        "sweep, pipeline or run folder (an interrupted run is a .tmp-* folder with no "
-                        "summary.json)")
-    out = root / "report.md"
-    write_text_atomic(out, text)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# sweep
+from compress.report.common import (
+    SPARSITY_AXIS,
+    _md_table,
+    _plt,
+    _read_json,
+    _save_fig,
+    _write_csv,
+)
 
 
 def _percent(x: float) -> float:
@@ -266,26 +177,34 @@ def _section_fit(data, out_dir: Path) -> list[str]:
                  "![metric vs pre-training loss](report/metric_vs_pretrain_loss.png)", ""]
 
 
-def _heldout_texts(state: dict, n: int) -> list[str]:
-    """The last ``n`` non-empty lines of the pre-training corpus (the held-out end of it)."""
-    files: list[Path] = []
-    for c in state.get("config", {}).get("pretrain_corpus") or []:
-        p = Path(c)
-        if p.is_dir():
-            files += sorted(q for q in p.iterdir() if q.suffix in (".txt", ".raw", ".tokens"))
-        elif p.is_file():
-            files.append(p)
-    if not files:
-        return []
-    lines = [ln.strip() for ln in files[-1].read_text(encoding="utf-8", errors="replace").splitlines()]
-    lines = [ln for ln in lines if len(ln.split()) >= 5 and not ln.startswith("=")]
-    return lines[-n:]
+def _heldout_texts(root: Path, state: dict, cell: str, n: int) -> list[str]:
+    """``n`` lines of the pre-training corpus's held-out slice, as the pre-training cell split it
+    (``compress.pruning.mlm.split_heldout`` with that cell's ``--heldout-fraction``): the last
+    ``n`` with at least five words, headings left out."""
+    from compress.errors import DataError as CorpusError
+    from compress.pruning.mlm import read_corpus, split_heldout
 
+    corpus = state.get("config", {}).get("pretrain_corpus") or []
+    if not corpus:
+        return []
+    fraction = 0.05
+    cfg_file = root / cell / "config.yaml"
+    if cfg_file.is_file():
+        import yaml
+
+        fraction = float((yaml.safe_load(cfg_file.read_text(encoding="utf-8")) or {}).get(
+            "heldout_fraction", fraction))
+    try:
+        _, held = split_heldout(read_corpus(corpus), fraction)
+    except (CorpusError, OSError):
+        return []
+    lines = [ln.strip() for ln in held if len(ln.split()) >= 5 and not ln.strip().startswith("=")]
+    return lines[-n:]
 
 def _section_features(root: Path, data, out_dir: Path, n_texts: int = 32) -> list[str]:
     dense = next((p for p in data["pretrain"] if p["criterion"] == "none"), None)
     pruned = [p for p in data["pretrain"] if p["criterion"] != "none"]
-    texts = _heldout_texts(data["state"], n_texts)
+    texts = _heldout_texts(root, data["state"], dense["cell"], n_texts) if dense else []
     if dense is None or not pruned or not texts:
         return []
     import torch
@@ -325,12 +244,13 @@ def _section_features(root: Path, data, out_dir: Path, n_texts: int = 32) -> lis
 
 
 def _load_masks(path: Path) -> dict | None:
+    """A run's masks (``compress.pruning.integrity.load_masks``) by encoder-relative name; None when
+    the run has none."""
+    from compress.pruning.integrity import load_masks
+
     if not path.is_file():
         return None
-    from safetensors.torch import load_file
-
-    return {_strip(k): v for k, v in load_file(str(path)).items()}
-
+    return {_strip(k): v for k, v in load_masks(path).items()}
 
 def _strip(name: str) -> str:
     """Parameter names without the task model's wrapper prefix (``bert.``), so an encoder's and a
@@ -448,19 +368,6 @@ def _nonzero_params(model_dir: Path) -> int | None:
     return int(sum(int((t != 0).sum()) for t in load_file(str(f)).values()))
 
 
-def _latency_ms(bench: dict | None, label: str | None = None) -> float | None:
-    """Median latency (ms) of the smallest batch in a ``compress bench`` result, for ``label``
-    (default: the first model), preferring the torch runtime."""
-    rows = [r for r in (bench or {}).get("rows", []) if label is None or r.get("model") == label]
-    if not rows:
-        return None
-    label = label or rows[0].get("model")
-    rows = [r for r in rows if r.get("model") == label]
-    rows.sort(key=lambda r: (r.get("batch", 0), r.get("runtime") != "torch", r.get("seq_len", 0)))
-    v = rows[0].get("median_ms")
-    return float(v) if isinstance(v, (int, float)) else None
-
-
 def _effective_flops(measure: dict | None) -> float | None:
     v = ((measure or {}).get("flops") or {}).get("effective_flops")
     return float(v) if isinstance(v, (int, float)) else None
@@ -526,163 +433,3 @@ def _section_pareto(root: Path, data, out_dir: Path) -> list[str]:
     _write_csv(out_dir / "pareto.csv", ["task", "cell", "nonzero_params", "effective_flops", "score",
                                         "on_params_front", "on_flops_front"], csv_rows)
     return md
-
-
-# ---------------------------------------------------------------------------------------------
-# pipeline folders (docbert, export-bench): one row per model
-
-
-def _score(summary: dict | None) -> float | None:
-    for key in ("student_eval", "eval"):
-        v = ((summary or {}).get(key) or {}).get("score")
-        if isinstance(v, (int, float)):
-            return float(v)
-    return None
-
-
-def _pipeline_report(root: Path) -> str:
-    manifest = _read_json(root / "pipeline.json") or {}
-    bench = _read_json(root / "bench" / "bench.json")
-    out_dir = root / "report"
-    rows = []
-    for label, m in (manifest.get("models") or {}).items():
-        measure = _read_json(Path(m["measure"])) if m.get("measure") else None
-        params = ((measure or {}).get("params") or {}).get("total")
-        flops = ((measure or {}).get("flops") or {}).get("dense_flops")
-        rows.append({"model": label, "params": params, "flops": flops,
-                     "latency_ms": _latency_ms(bench, label) if bench else None,
-                     "score": _score(_read_json(Path(m["run"]) / "summary.json")),
-                     "hidden": m.get("hidden"), "kd": m.get("kd")})
-    ref = "teacher" if any(r["model"] == "teacher" for r in rows) else None
-    table = A.distillation_table(rows, reference=ref)
-    header = ["model", "params", "flops", "latency_ms", "score", "params_ratio", "speedup"]
-    _write_csv(out_dir / "models.csv", header, [[r.get(k) for k in header] for r in table])
-    md = [f"# {manifest.get('pipeline', 'pipeline')} report: {root.name}", "",
-          "Parameters and dense FLOPs per example (FLOPs = 2 x multiply-adds) from `compress measure`; "
-          "latency: median ms at the smallest benchmarked batch (`compress bench`, bench/bench.json); "
-          "score: the task's dev metric. Ratios are against "
-          f"{ref or 'the largest model'}. CSV: [report/models.csv](report/models.csv).", "",
-          _md_table(["model", "params", "FLOPs", "latency ms", "dev score", "params ratio", "speedup"],
-                    [[r.get(k) for k in header] for r in table]), ""]
-    bench_rows = [[r.get(k) for k in ("model", "runtime", "batch", "seq_len", "median_ms", "p90_ms")]
-                  for r in (bench or {}).get("rows", [])]
-    if bench_rows:
-        _write_csv(out_dir / "bench.csv", ["model", "runtime", "batch", "seq_len", "median_ms", "p90_ms"],
-                   bench_rows)
-        md += ["## Latency (compress bench)", "", "Every timed model and runtime; CSV: "
-               "[report/bench.csv](report/bench.csv).", "",
-               _md_table(["model", "runtime", "batch", "tokens", "median ms", "p90 ms"], bench_rows), ""]
-    scored = [r for r in table if r["score"] is not None and r["params"]]
-    if len(scored) >= 2:
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.scatter([r["params"] / 1e6 for r in scored], [100 * r["score"] for r in scored])
-        for r in scored:
-            ax.annotate(r["model"], (r["params"] / 1e6, 100 * r["score"]), fontsize=7)
-        front = A.pareto_front([(r["params"], r["score"]) for r in scored])
-        ax.plot([scored[i]["params"] / 1e6 for i in front], [100 * scored[i]["score"] for i in front],
-                color="red", label="Pareto front")
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters (millions, log scale)")
-        ax.set_ylabel("dev metric (%)")
-        ax.set_title("metric vs model size")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        _save_fig(fig, out_dir / "metric_vs_params.png")
-        md += ["![metric vs parameters](report/metric_vs_params.png)", ""]
-    curve_rows = [r for r in rows if r.get("hidden") is not None and r["score"] is not None]
-    if curve_rows:
-        curve = A.hidden_size_curve(curve_rows)
-        _write_csv(out_dir / "lstm_hidden_curve.csv", ["hidden_size", "score"], [list(c) for c in curve])
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([h for h, _ in curve], [100 * v for _, v in curve], marker="o")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("BiLSTM hidden size (units per direction)")
-        ax.set_ylabel("dev metric (%)")
-        ax.set_title("distilled BiLSTM: metric vs hidden size")
-        ax.grid(alpha=0.3)
-        _save_fig(fig, out_dir / "lstm_hidden_curve.png")
-        md += ["## BiLSTM hidden size (DocBERT Figure 1)", "",
-               _md_table(["hidden size", "dev score"], [list(c) for c in curve]), "",
-               "![hidden-size curve](report/lstm_hidden_curve.png)", ""]
-    return "\n".join(md) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# single run
-
-
-def _scalars(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out += _scalars(v, key + ".")
-        elif isinstance(v, (int, float, str, bool)) or v is None:
-            if isinstance(v, float) and not math.isfinite(v):
-                v = str(v)
-            out.append((key, v))
-    return out
-
-
-def _run_report(root: Path) -> str:
-    summary = _read_json(root / "summary.json") or {}
-    out_dir = root / "report"
-    md = [f"# Run report: {root.name}", ""]
-    scalars = [(k, v) for k, v in _scalars(summary) if not k.startswith("prune_history")]
-    _write_csv(out_dir / "summary.csv", ["key", "value"], [list(kv) for kv in scalars])
-    md += ["## Summary", "", _md_table(["key", "value"], [list(kv) for kv in scalars]), "",
-           "CSV: [report/summary.csv](report/summary.csv)", ""]
-    plt = _plt()
-    losses = []
-    mpath = root / "metrics.jsonl"
-    if mpath.is_file():
-        for line in mpath.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("loss"), (int, float)) and "step" in rec:
-                losses.append((rec.get("phase", "train"), rec["step"], rec["loss"]))
-    if losses:
-        _write_csv(out_dir / "training_loss.csv", ["phase", "step", "loss"], [list(x) for x in losses])
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for phase in sorted({p for p, _, _ in losses}):
-            pts = [(s, v) for p, s, v in losses if p == phase]
-            ax.plot([s for s, _ in pts], [v for _, v in pts], marker=".", label=phase)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("training loss (nats per example/token)")
-        ax.set_title("training loss")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        _save_fig(fig, out_dir / "training_loss.png")
-        md += ["## Training loss", "", "![training loss](report/training_loss.png)", ""]
-    sp = _read_json(root / "sparsity.json")
-    if sp and "layers" in sp:
-        rows = [[g, sp[g]["numel"], sp[g]["zeros"], 100 * sp[g]["sparsity"]]
-                for g in ("embeddings", "encoder", "other", "global") if g in sp]
-        md += ["## Sparsity", "", _md_table(["group", "weights", "zeros", "sparsity %"], rows), ""]
-        heads = sp.get("heads") or {}
-        layer_rows = []
-        for layer, v in sorted(sp["layers"].items(), key=lambda kv: int(kv[0])):
-            h = heads.get(layer, {})
-            layer_rows.append([int(layer), 100 * v["sparsity"], *(100 * h[k] if k in h else None
-                                                                   for k in ("min", "mean", "max"))])
-        _write_csv(out_dir / "layer_sparsity.csv",
-                   ["layer", "sparsity_pct", "head_min_pct", "head_mean_pct", "head_max_pct"], layer_rows)
-        md += [_md_table(["layer", "sparsity %", "head min %", "head mean %", "head max %"], layer_rows), ""]
-        if heads:
-            fig, ax = plt.subplots(figsize=(6, 4))
-            xs = [r[0] for r in layer_rows if r[3] is not None]
-            mean = [r[3] for r in layer_rows if r[3] is not None]
-            lo = [r[3] - r[2] for r in layer_rows if r[3] is not None]
-            hi = [r[4] - r[3] for r in layer_rows if r[3] is not None]
-            ax.errorbar(xs, mean, yerr=[lo, hi], marker="o", capsize=3)
-            ax.set_xlabel("encoder layer")
-            ax.set_ylabel("attention-head sparsity (% zeros; bar = min-max)")
-            ax.set_title("per-head sparsity")
-            ax.grid(alpha=0.3)
-            _save_fig(fig, out_dir / "head_sparsity.png")
-            md += ["![per-head sparsity](report/head_sparsity.png)", ""]
-    return "\n".join(md) + "\n"
