@@ -29,6 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from compress.distill.losses import DEFAULT_TEMPERATURE
+from compress.pruning.schedules import DEFAULT_POWER  # pure Python: no torch at import
+
 if TYPE_CHECKING:
     import torch
 
@@ -62,7 +65,7 @@ def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
 def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gradual",
                 total_steps: int | None = None, prune_steps: int | None = None,
                 prune_every: int | None = None, start_step: int = 0, initial_sparsity: float = 0.0,
-                power: float = 3.0, criterion: str = "magnitude", scope: str = "local",
+                power: float = DEFAULT_POWER, criterion: str = "magnitude", scope: str = "local",
                 include: Sequence[str] = (), exclude: Sequence[str] = (), seed: int = 0,
                 initial_masks: dict[str, torch.Tensor] | None = None,
                 pattern: str | None = None) -> MagnitudePruner:
@@ -187,7 +190,7 @@ def verify_masks(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-            labels: torch.Tensor | None = None, *, temperature: float = 2.0,
+            labels: torch.Tensor | None = None, *, temperature: float = DEFAULT_TEMPERATURE,
             kd_lambda: float | None = None, kind: str = "kl", multilabel: bool = False,
             label_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Knowledge-distillation loss of any student against any teacher's logits (both

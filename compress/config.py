@@ -136,6 +136,11 @@ def check_range(name: str, value: float, lo: float | None = None, hi: float | No
         raise UsageError(f"--{name.replace('_', '-')} must be in {left}{lo_s}, {hi_s}{right}, got {value}")
 
 
+def check_sparsity(value: float, name: str = "sparsity") -> None:
+    """A sparsity is the fraction of weights set to zero: in [0, 1) (1 would remove every weight)."""
+    check_range(name, value, 0, 1, hi_open=True)
+
+
 def check_choice(name: str, value: str, choices: typing.Iterable[str]) -> None:
     choices = list(choices)
     if value not in choices:

@@ -22,9 +22,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+# T = 1: the teacher's probabilities as they are (Hinton et al. 2015 soften them with T > 1)
+DEFAULT_TEMPERATURE = 1.0
 
 def kl_single_label(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                    temperature: float = 1.0) -> torch.Tensor:
+                    temperature: float = DEFAULT_TEMPERATURE) -> torch.Tensor:
     """T^2 * mean_i KL(softmax(t_i / T) || softmax(s_i / T)); logits are (batch, labels)."""
     t = temperature
     log_p_s = F.log_softmax(student_logits / t, dim=-1)
@@ -34,7 +36,7 @@ def kl_single_label(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
 
 
 def kl_bernoulli(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                 temperature: float = 1.0) -> torch.Tensor:
+                 temperature: float = DEFAULT_TEMPERATURE) -> torch.Tensor:
     """T^2 * mean over examples and labels of KL(Bern(q_t) || Bern(q_s)), q = sigmoid(logit / T)."""
     t = temperature
     s, z = student_logits / t, teacher_logits / t
@@ -45,7 +47,7 @@ def kl_bernoulli(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
 
 
 def logit_mse(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-              temperature: float = 1.0) -> torch.Tensor:
+              temperature: float = DEFAULT_TEMPERATURE) -> torch.Tensor:
     """mean over examples and labels of (s - t)^2 on raw logits; ``temperature`` is not used."""
     return (student_logits - teacher_logits).pow(2).mean()
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.config import check_range
-from compress.distill.losses import default_kd_lambda, distillation_loss
+from compress.distill.losses import DEFAULT_TEMPERATURE, default_kd_lambda, distillation_loss
 from compress.errors import UsageError
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
@@ -37,7 +37,7 @@ class TeacherKDOptions:
 
     teacher: str | None = None
     kd_lambda: float | None = None
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     kd_hidden: float = 0.0
 
     def __post_init__(self):
@@ -47,7 +47,7 @@ class TeacherKDOptions:
         check_range("kd_hidden", self.kd_hidden, 0)
         if self.teacher is None:
             changed = [f"--{n.replace('_', '-')}" for n, default in
-                       (("kd_lambda", None), ("temperature", 1.0), ("kd_hidden", 0.0))
+                       (("kd_lambda", None), ("temperature", DEFAULT_TEMPERATURE), ("kd_hidden", 0.0))
                        if getattr(self, n) != default]
             if changed:
                 raise UsageError(f"{', '.join(changed)} applies with --teacher only; add --teacher RUN "

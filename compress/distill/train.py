@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from compress.config import check_choice, check_range
-from compress.distill.losses import KD_LOSS_CHOICES, distillation_loss
+from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, distillation_loss
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -37,7 +37,7 @@ class StudentTrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 5.0
     seed: int = 42
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     kd_lambda: float = 4.0
     kd_loss: str = "kl"  # or "mse" on logits
     multilabel: bool = False

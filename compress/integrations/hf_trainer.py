@@ -24,6 +24,9 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from compress.distill.losses import DEFAULT_TEMPERATURE
+from compress.pruning.schedules import DEFAULT_POWER
+
 
 class PruningCallback(TrainerCallback):
     """Prune on the gradual (or one-shot) schedule inside a ``transformers.Trainer``.
@@ -45,12 +48,12 @@ class PruningCallback(TrainerCallback):
 
     def __init__(self, sparsity: float, *, model: torch.nn.Module | None = None, schedule: str = "gradual",
                  prune_steps: int | None = None, prune_every: int | None = None, start_step: int = 0,
-                 initial_sparsity: float = 0.0, power: float = 3.0, criterion: str = "magnitude",
+                 initial_sparsity: float = 0.0, power: float = DEFAULT_POWER, criterion: str = "magnitude",
                  scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
                  seed: int = 0, base_model: str | None = None, dataset: str | None = None):
-        from compress.config import check_range
+        from compress.config import check_sparsity
 
-        check_range("sparsity", sparsity, 0, 1, hi_open=True)
+        check_sparsity(sparsity)
         self.sparsity = sparsity
         self.options = dict(schedule=schedule, prune_steps=prune_steps, prune_every=prune_every,
                             start_step=start_step, initial_sparsity=initial_sparsity, power=power,
@@ -208,7 +211,7 @@ class DistillationTrainer(Trainer):
     by T^2). ``kind="mse"`` matches raw logits instead (Tang et al. 2019).
     """
 
-    def __init__(self, *args, teacher: torch.nn.Module, temperature: float = 2.0,
+    def __init__(self, *args, teacher: torch.nn.Module, temperature: float = DEFAULT_TEMPERATURE,
                  kd_lambda: float | None = None, kind: str = "kl", **kwargs):
         super().__init__(*args, **kwargs)
         from compress.errors import UsageError

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.config import check_range
+from compress.config import check_range, check_sparsity
 from compress.errors import UsageError
 
 
@@ -47,7 +47,7 @@ def keep_mask_flat(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def mask_from_scores(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Local (per-matrix) mask: prune the ``round(sparsity * numel)`` lowest-scoring entries."""
-    check_range("sparsity", sparsity, 0, 1, hi_open=True)
+    check_sparsity(sparsity)
     return keep_mask_flat(scores, n_pruned(scores.numel(), sparsity)).reshape(scores.shape)
 
 
@@ -61,7 +61,7 @@ def global_masks(scores: dict[str, torch.Tensor], sparsity: float) -> dict[str, 
 
     Scores are concatenated in sorted-name order, so ties between matrices break by name, then index.
     """
-    check_range("sparsity", sparsity, 0, 1, hi_open=True)
+    check_sparsity(sparsity)
     names = sorted(scores)
     if not names:
         return {}

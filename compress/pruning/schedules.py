@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compress.config import check_range
+from compress.config import check_range, check_sparsity
 from compress.errors import UsageError
 
+# Zhu & Gupta (2017): sparsity rises as 1 - (1 - t)^3 over the pruning span (Gordon et al. use it)
+DEFAULT_POWER = 3.0
 
 @dataclass(frozen=True)
 class OneShotSchedule:
@@ -21,7 +23,7 @@ class OneShotSchedule:
     start_step: int = 0
 
     def __post_init__(self):
-        check_range("sparsity", self.final_sparsity, 0, 1, hi_open=True)
+        check_sparsity(self.final_sparsity)
         check_range("prune_start", self.start_step, 0)
 
     def sparsity_at(self, step: int) -> float:
@@ -50,10 +52,10 @@ class GradualSchedule:
     every: int = 1
     start_step: int = 0
     initial_sparsity: float = 0.0
-    power: float = 3.0
+    power: float = DEFAULT_POWER
 
     def __post_init__(self):
-        check_range("sparsity", self.final_sparsity, 0, 1, hi_open=True)
+        check_sparsity(self.final_sparsity)
         check_range("initial_sparsity", self.initial_sparsity, 0, self.final_sparsity)
         check_range("prune_steps", self.span_steps, 1)
         check_range("prune_every", self.every, 1)
@@ -88,7 +90,7 @@ SCHEDULES: dict[str, type] = {"oneshot": OneShotSchedule, "gradual": GradualSche
 
 def make_schedule(name: str, final_sparsity: float, total_steps: int, prune_steps: int | None = None,
                   prune_every: int | None = None, start_step: int = 0, initial_sparsity: float = 0.0,
-                  power: float = 3.0) -> Schedule:
+                  power: float = DEFAULT_POWER) -> Schedule:
     """Build a schedule from CLI-level options; unset spans default to short-run friendly values.
 
     ``prune_steps`` defaults to the first half of the ``total_steps`` after ``start_step`` (the paper

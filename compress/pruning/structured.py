@@ -46,7 +46,7 @@ from compress.architectures import (
     head_layout,
     head_slices,
 )
-from compress.config import check_range
+from compress.config import check_sparsity
 from compress.errors import ModelError, UsageError
 from compress.pruning.modeling_pruned import (
     PRUNED_CLASS_OF,
@@ -182,7 +182,7 @@ def _pruned_class(model: nn.Module) -> type:
 
 
 def _check_args(sparsity: float, targets: tuple[str, ...]) -> None:
-    check_range("sparsity", sparsity, 0.0, 1.0, hi_open=True)
+    check_sparsity(sparsity)
     if not targets:
         raise UsageError(f"--structured needs at least one of: {', '.join(STRUCTURED_TARGETS)}")
     for t in targets:

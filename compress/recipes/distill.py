@@ -22,7 +22,7 @@ from compress.distill.embeddings import (
     embedding_width,
     initial_embeddings,
 )
-from compress.distill.losses import KD_LOSS_CHOICES, default_kd_lambda, kd_loss_name
+from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, default_kd_lambda, kd_loss_name
 from compress.distill.report import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.teacher import (
     CACHE_DIR,
@@ -77,7 +77,7 @@ class DistillConfig:
     unlabeled_examples: int = 0
     val_fraction: float = 0.0  # > 0: hold out this share of the training examples, keep the best epoch
     # loss
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     kd_lambda: float | None = None  # None: 4 single-label, 1 multi-label (Adhikari et al. 2020)
     kd_loss: str = "kl"  # kl (Bernoulli KL for multi-label) or mse on logits (Tang et al. 2019)
     no_kd: bool = False

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from compress.api import make_pruner as api_make_pruner
-from compress.config import check_range, to_dict
+from compress.config import check_range, check_sparsity, to_dict
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
     TeacherKDOptions,
@@ -55,7 +55,7 @@ from compress.pruning.pruner import (
     check_pattern_fits,
     matching_masks,
 )
-from compress.pruning.schedules import SCHEDULES, make_schedule
+from compress.pruning.schedules import DEFAULT_POWER, SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
@@ -78,7 +78,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     prune_every: int | None = None
     prune_start: int = 0
     initial_sparsity: float = 0.0
-    schedule_power: float = 3.0
+    schedule_power: float = DEFAULT_POWER
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     recovery_steps: int | None = None
@@ -99,7 +99,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
             v = getattr(self, lim)
             if v is not None and v < 1:
                 raise UsageError(f"--{lim.replace('_', '-')} must be >= 1, got {v}")
-        check_range("sparsity", self.sparsity, 0, 1, hi_open=True)
+        check_sparsity(self.sparsity)
         if self.teacher is not None and self.stage == "pretrain":
             raise UsageError("--teacher applies to --stage finetune and after-finetune (the masked-LM "
                              "stage has no task logits to distil); drop --teacher")
