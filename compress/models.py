@@ -135,6 +135,22 @@ def _hub_error(spec: str, exc: Exception) -> ModelError:
                       "folder, a run folder or 'minilm'")
 
 
+def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what: str = "model", **kwargs):
+    """``auto_class.from_pretrained`` of the model ``spec`` names (at ``path`` when it is resolved
+    already): safetensors only, never remote code, this project's model types registered, and any
+    failure turned into one ModelError line naming ``spec`` and ``what`` it was loaded as. The one
+    loader behind the classifier, span, encoder and export loaders."""
+    path = resolve_model(spec) if path is None else path
+    register_model_types()
+    try:
+        return auto_class.from_pretrained(path, **{"use_safetensors": True, **kwargs,
+                                                   "trust_remote_code": False})
+    except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
+        raise ModelError(f"could not load '{spec}' as {what} ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); pass a local folder, a "
+                         "run folder, 'minilm', or a hub name with internet") from None
+
+
 def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
@@ -170,17 +186,10 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         id2label=dict(enumerate(label_names)),
         label2id={n: i for i, n in enumerate(label_names)},
         problem_type="multi_label_classification" if multilabel else "single_label_classification",
-        use_safetensors=True,
-        trust_remote_code=False,
     )
     if not same_head:
         kwargs["ignore_mismatched_sizes"] = True
-    register_model_types()
-
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
-    except Exception as exc:  # noqa: BLE001
-        raise _hub_error(spec, exc) from None
+    model = load_pretrained(AutoModelForSequenceClassification, spec, path, "a sequence classifier", **kwargs)
     if saved is not None and not same_head:
         # Trained for other labels: ignore_mismatched_sizes only re-creates a head whose shape
         # differs, and an SST-2 head (2 labels) would carry over to RTE (2 labels).

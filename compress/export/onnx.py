@@ -131,18 +131,14 @@ def load_torch_model(spec: str, attn_implementation: str | None = "eager") -> Lo
     from transformers import AutoModelForSequenceClassification
 
     import compress.pruning.structured  # noqa: F401 - registers the structured-pruned BERT class
-    from compress.models import read_meta, resolve_model
+    from compress.models import load_pretrained, read_meta, resolve_model
 
     path = resolve_model(spec)
     meta = read_meta(path)
-    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation, "use_safetensors": True}
+    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
     if "label_names" not in meta:
         kwargs["num_labels"] = 2
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - loading failures become one line
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise ModelError(f"could not load model '{spec}': {first}") from None
+    model = load_pretrained(AutoModelForSequenceClassification, spec, path, "a sequence classifier", **kwargs)
     return LoadedModel(model.eval(), declared_inputs(model), "bert", path, meta)
 
 

@@ -37,7 +37,13 @@ from compress.distill.teacher_kd import (
 )
 from compress.errors import DataError, UsageError
 from compress.measure.sparsity import sparsity_report
-from compress.models import load_classifier, load_tokenizer, register_model_types, resolve_model, save_model
+from compress.models import (
+    load_classifier,
+    load_pretrained,
+    load_tokenizer,
+    resolve_model,
+    save_model,
+)
 from compress.pruning.integrity import (
     MASKS_FILE,
     check_masks,
@@ -493,12 +499,7 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     train_lines, held_lines = split_heldout(lines, cfg.heldout_fraction)
     model_dir = resolve_model(cfg.model)
     tokenizer = load_tokenizer(cfg.model)
-    try:
-        register_model_types()
-        encoder = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
-    except Exception as exc:  # noqa: BLE001 - one line for any loading failure
-        raise DataError(f"could not load encoder '{cfg.model}': {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0][:160] if str(exc) else ''}") from None
+    encoder = load_pretrained(AutoModel, cfg.model, model_dir, "an encoder")
     need = cfg.max_steps * cfg.batch_size if cfg.max_steps else None
     blocks = make_blocks(tokenizer, train_lines, cfg.max_length, max_blocks=need)
     held = mask_heldout(tokenizer, make_blocks(tokenizer, held_lines, cfg.max_length, cfg.heldout_blocks),

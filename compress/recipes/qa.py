@@ -22,10 +22,10 @@ from compress.config import to_dict
 from compress.distill.teacher_kd import TEACHER_SELF, SpanDistillation, answer_agreement, check_teacher_fits
 from compress.errors import ModelError, UsageError
 from compress.models import (
+    load_pretrained,
     load_tokenizer,
     match_tokenizer_inputs,
     read_meta,
-    register_model_types,
     resolve_model,
     save_model,
 )
@@ -54,13 +54,7 @@ def load_qa_model(spec: str, require_finetuned: bool = False):
     if require_finetuned and meta.get("task") != QA_TASK:
         raise ModelError(f"model '{spec}' was not fine-tuned on squad (its task is "
                          f"{meta.get('task')!r}); pass a run folder of 'compress finetune --task squad'")
-    try:
-        register_model_types()
-        model = AutoModelForQuestionAnswering.from_pretrained(path, use_safetensors=True,
-                                                              trust_remote_code=False)
-    except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
-        raise ModelError(f"could not load '{spec}' as a question-answering model ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    model = load_pretrained(AutoModelForQuestionAnswering, spec, path, "a question-answering model")
     return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
 
 

@@ -13,10 +13,10 @@ from torch import nn
 
 from compress.errors import ModelError
 from compress.models import (
+    load_pretrained,
     load_tokenizer,
     match_tokenizer_inputs,
     read_meta,
-    register_model_types,
     resolve_model,
 )
 from compress.training import train
@@ -51,11 +51,7 @@ def load_dual_encoder(spec: str, require_finetuned: bool = False):
     if require_finetuned and meta.get("task") != REQA_TASK:
         raise ModelError(f"model '{spec}' is not a ReQA dual encoder (its task is {meta.get('task')!r}); "
                          "pass a run folder of 'compress finetune --task reqa'")
-    try:
-        register_model_types()
-        enc = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False)
-    except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
-        raise ModelError(f"could not load '{spec}' as an encoder ({type(exc).__name__})") from None
+    enc = load_pretrained(AutoModel, spec, path, "an encoder")
     return DualEncoder(enc), match_tokenizer_inputs(load_tokenizer(spec), enc), meta
 
 

@@ -99,3 +99,25 @@ def test_a_head_trained_for_other_labels_is_not_carried_over(tiny_bert, tmp_path
     assert not (w == 7).any() and (other.classifier.bias == 0).all()
     assert 0 < w.std().item() < 0.1  # N(0, initializer_range = 0.02)
     assert torch.equal(other.bert.encoder.layer[0].attention.self.query.weight, encoder_w)  # encoder kept
+
+
+def test_one_loader_maps_every_loading_failure_to_one_line(tiny_bert, tmp_path):
+    """``load_pretrained`` is the loader behind the classifier, span, encoder and export loaders."""
+    import shutil
+
+    from transformers import AutoModel, AutoModelForQuestionAnswering
+
+    from compress.errors import ModelError
+    from compress.models import load_pretrained
+
+    enc = load_pretrained(AutoModel, str(tiny_bert), what="an encoder")
+    assert enc.config.hidden_size == 32
+    qa = load_pretrained(AutoModelForQuestionAnswering, str(tiny_bert), what="a question-answering model")
+    assert qa.qa_outputs.out_features == 2
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bert, broken)
+    (broken / "model.safetensors").unlink()  # a folder whose weights are missing
+    with pytest.raises(ModelError) as err:
+        load_pretrained(AutoModel, str(broken), what="an encoder")
+    msg = str(err.value)
+    assert "\n" not in msg and f"could not load '{broken}' as an encoder" in msg
