@@ -118,6 +118,10 @@ def run(args):
     refuse_other_sparsity(cfg, args)
     refuse_ignored_options(cfg, explicit_options(PruneConfig, args))
     path = run_prune(cfg)
+    from compress.runs import launch_rank
+
+    if launch_rank()[0] > 0:  # a multi-process launch: rank 0 wrote the run folder and reports it
+        return 0
     report = json.loads((path / "sparsity.json").read_text(encoding="utf-8"))
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     print(format_sparsity_table(report))

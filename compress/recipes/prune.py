@@ -236,7 +236,10 @@ def pruning_meta(cfg: PruneConfig, pruner: MagnitudePruner | None, structured: d
 
 def save_pruned(run: RunDir, model, tokenizer, masks: dict | None, meta: dict, summary: dict) -> dict:
     """Model (HF format, zeros stored) + masks + sparsity.json + summary.json; the saved model is
-    reloaded with plain ``from_pretrained`` and every mask checked on it."""
+    reloaded with plain ``from_pretrained`` and every mask checked on it. Rank 0 of a multi-process
+    launch alone writes and checks (the other ranks hold the same weights and masks)."""
+    if run.rank > 0:
+        return summary
     save_model(model, tokenizer, run.path / "model", meta)
     report = write_masks_and_sparsity(run.path, masks)
     summary = {**summary, "sparsity": {g: report[g]["sparsity"] for g in ("global", "embeddings",

@@ -129,3 +129,36 @@ def test_cli_finetune_two_processes_sigkill_and_resume(tiny_classifier, tmp_path
     assert records(out) == records(tmp_path / "ref")
     assert [x["step"] for x in records(out)] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kill_after_5.py", "ref", "run"]
+
+
+def test_cli_prune_with_teacher_on_two_processes(tiny_classifier, tmp_path):  # noqa: F811
+    """Distillation-aware pruning under DDP: the teacher's logits are computed once per run and are
+    the ones a single process computes, the ranks' masks agree at every step (checked each step),
+    and rank 0 alone writes the run, which verifies."""
+    from safetensors.torch import load_file
+
+    args = ["prune", "--model", str(tiny_classifier), "--teacher", "self", "--sparsity", "0.5",
+            "--max-steps", "6", "--max-length", "24", "--log-every", "1", "--seed", "11",
+            "--train-limit", "64", "--eval-limit", "32", "--rank-check-every", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_NO_PROGRESS": "1", "PYTHONPATH": str(ROOT)}
+    one = subprocess.run([sys.executable, "-m", "compress", *args, "--batch-size", "8",
+                          "--out", str(tmp_path / "one")], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=ROOT)
+    assert one.returncode == 0, one.stderr[-3000:]
+    r = _launch_cli(["-m", "compress"], [*args, "--batch-size", "4", "--out", str(tmp_path / "two")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no rank scratch left
+    assert r.stdout.count("sst2") + r.stdout.count("sample") == 1  # one rank reports the run
+
+    cache = "teacher_logits/train.safetensors"
+    a, b = load_file(str(tmp_path / "two" / cache)), load_file(str(tmp_path / "one" / cache))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    logged = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    kd = [x["kd_loss"] for x in logged if "kd_loss" in x]
+    assert len(kd) == 6 and all(v >= 0 and v == v for v in kd)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["distillation"]["teacher"] == "self"
+    assert summary["sparsity"]["encoder"] == pytest.approx(0.5, abs=0.01)
+    check = subprocess.run([sys.executable, "-m", "compress", "verify", str(tmp_path / "two")],
+                           capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert check.returncode == 0, check.stderr
