@@ -98,8 +98,11 @@ def kill_at_first_checkpoint(args: list[str], tmp_run: Path, marker: str = "chec
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if list(tmp_run.glob(marker)):
-            break
+        try:
+            if list(tmp_run.glob(marker)):
+                break
+        except FileNotFoundError:  # a checkpoint folder renamed into place while the glob walked it
+            pass
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
