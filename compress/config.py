@@ -16,6 +16,35 @@ from compress.errors import UsageError
 C = TypeVar("C")
 
 
+def option(default: Any = dataclasses.MISSING, *, help: str,  # noqa: A002 - argparse's word
+           choices: typing.Sequence[str] | typing.Callable[[], typing.Sequence[str]] | None = None,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+    """A config field that carries its own help text and choices, Hugging Face's
+    ``field(metadata={"help": ..., "choices": ...})`` convention: the commands build their flags'
+    help from it, so a field and its explanation live in one place. ``choices`` may be a function
+    that reads a registry when help is printed (tasks and students registered later show up)."""
+    metadata: dict[str, Any] = {"help": help}
+    if choices is not None:
+        metadata["choices"] = choices
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def option_like(cls: type, name: str, default: Any = dataclasses.MISSING) -> Any:
+    """A field with the help, choices and default of ``cls``'s field ``name`` (the default
+    replaced when given): one text for an option two unrelated configs share."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return dataclasses.field(default=f.default if default is dataclasses.MISSING else default,
+                             metadata=dict(f.metadata))
+
+
+def field_choices(f: dataclasses.Field) -> list[str] | None:
+    """The choices a field's metadata lists (calling a registry reader), or None."""
+    choices = f.metadata.get("choices")
+    if callable(choices):
+        choices = choices()
+    return list(choices) if choices is not None else None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with the safe loader; errors name the file and the fix."""
     p = Path(path)

@@ -33,7 +33,7 @@ from compress.checkpoints import (  # noqa: F401 - re-exported; the loop saves t
     save_checkpoint,
     verify_checkpoint,
 )
-from compress.config import check_range
+from compress.config import check_range, option
 from compress.distributed import assert_tensors_same_across_ranks, is_distributed
 from compress.errors import DataError, UsageError
 from compress.tasks.base import TextDataset
@@ -42,31 +42,41 @@ log_ = logging.getLogger(__name__)
 
 
 
+def _tracker_names() -> tuple[str, ...]:
+    from compress.trackers import REPORT_TO  # it imports this module
+
+    return tuple(REPORT_TO)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 5e-5
-    # Learning rate of the freshly initialised task head (classifier / qa_outputs); None = --lr.
+    lr: float = option(5e-5, help="AdamW learning rate of the encoder")
     # A 90-way sigmoid head on a pre-trained encoder needs a larger one than the encoder (Reuters).
-    head_lr: float | None = None
-    epochs: float = 1.0
-    max_steps: int | None = None
-    batch_size: int = 32
-    eval_batch_size: int = 128
-    max_length: int = 128
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    log_every: int = 50
-    checkpoint_every: int = 0
-    # Multi-process runs compare a SHA-256 of every hook's tensors (the masks) across ranks every N
-    # steps and stop with IntegrityError when a rank differs; 0 turns the check off. Hashing
-    # BERT-base's masks (85M entries) took 0.42 s on a shared 2-core CPU, so not every step by default;
-    # the pruner also checks its masks at every pruning step. Skipped on one process.
-    rank_check_every: int = 10
-    # Experiment tracker the run's records also go to (compress.trackers): none, tensorboard,
-    # mlflow or wandb, its files in <run>/trackers/.
-    report_to: str = "none"
+    head_lr: float | None = option(None, help="learning rate of the freshly initialised task head "
+                                              "(classifier / qa_outputs); unset: --lr")
+    epochs: float = option(1.0, help="passes over the training data (fractions allowed)")
+    max_steps: int | None = option(None, help="optimizer steps; overrides --epochs")
+    batch_size: int = option(32, help="examples per optimizer step")
+    eval_batch_size: int = option(128, help="examples per batch when evaluating")
+    max_length: int = option(128, help="tokens per example (longer inputs are truncated)")
+    warmup_ratio: float = option(0.1, help="share of the steps over which the learning rate warms "
+                                           "up linearly")
+    weight_decay: float = option(0.01, help="AdamW weight decay (not on biases and LayerNorms)")
+    max_grad_norm: float = option(1.0, help="clip the gradient norm to this (0 = no clipping)")
+    seed: int = option(42, help="seed of the head initialisation, data order and dropout")
+    log_every: int = option(50, help="log the mean loss every N steps to metrics.jsonl")
+    checkpoint_every: int = option(0, help="save a resumable checkpoint every N steps (0 = never; "
+                                           "needs --out)")
+    # Hashing BERT-base's masks (85M entries) took 0.42 s on a shared 2-core CPU, so not every step
+    # by default; the pruner also checks its masks at every pruning step. Skipped on one process.
+    rank_check_every: int = option(10, help="multi-process runs: check every N steps that all ranks "
+                                            "hold the same masks (a SHA-256 of every hook's tensors; "
+                                            "0 = off)")
+    report_to: str = option("none", choices=_tracker_names,
+                            help="also send the logged loss, learning rate, sparsity (at each "
+                                 "pruning step) and eval metrics to an experiment tracker, its "
+                                 "files in <run>/trackers/ (mlflow: a SQLite store there unless "
+                                 "MLFLOW_TRACKING_URI is set); needs its package installed")
 
     def __post_init__(self):
         check_range("lr", self.lr, 0, None, lo_open=True)

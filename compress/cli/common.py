@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from compress.config import explicit_fields, load_yaml, resolve_config
+from compress.config import explicit_fields, field_choices, load_yaml, resolve_config
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -42,15 +42,14 @@ def _number(kind):
 
 
 def _help_for(f: dataclasses.Field, helps: dict[str, str], default: Any) -> str:
-    """The field's own metadata help, else the command's, else the shared text; then its choices
-    (from the registries) and its default, each said once."""
-    from compress.cli.option_help import CHOICES, FIELD_HELP
-
-    text = f.metadata.get("help") or helps.get(f.name) or FIELD_HELP.get(f.name, "")
-    choices = f.metadata.get("choices") or (CHOICES[f.name]() if f.name in CHOICES else None)
+    """The command's own text for the field, else the field's (``compress.config.option``); then
+    its choices (read from the registries) and its default, each said once."""
+    text = helps.get(f.name) or f.metadata.get("help", "")
+    choices = field_choices(f)
     if choices and "choices:" not in text:
         text = f"{text}; choices: {', '.join(choices)}" if text else f"choices: {', '.join(choices)}"
-    if "(default" not in text and "default:" not in text:
+    says_unset = default in (None, ()) and "unset" in text  # "(unset: --lr)" is its default
+    if "(default" not in text and "default:" not in text and not says_unset:
         text = f"{text} (default: {default})" if text else f"default: {default}"
     return text.replace("%", "%%")  # argparse formats help with %-style placeholders
 
@@ -61,11 +60,11 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str,
     """One flag per dataclass field (``foo_bar`` -> ``--foo-bar``), defaults shown from the class.
 
     Flags go into argument groups (model and task first; then data, training, pruning,
-    distillation, question answering, output; ``compress.cli.option_help``); a command's own
+    distillation, question answering, output; ``compress.cli.option_groups``); a command's own
     options stay in the parser's. With ``only``, just those fields, in ``parser`` itself, and no
     ``--config`` (extra flags of a second config class, added to an argument group of a parser that
     already has them). ``skip`` leaves fields out (options a command does not use)."""
-    from compress.cli.option_help import GROUP_ORDER, group_of
+    from compress.cli.option_groups import GROUP_ORDER, group_of
 
     helps = helps or {}
     hints = typing.get_type_hints(cls)

@@ -18,50 +18,6 @@ EXAMPLES = """examples:
   compress distill --task reqa --student dual-encoder --teacher CROSS_ENCODER_RUN \\
       --data-dir ../shared/data --split-by-article 38/10     # ReQA: cross-attention mined pairs
 """
-HELPS = {
-    "student": "student architecture",
-    "teacher": "a fine-tuned run or model folder for the task, or 'minilm' to fine-tune one first",
-    "student_options": "student config as KEY=VALUE,... (e.g. hidden_size=128,pooling=last; "
-                       "tuples with ';': widths=3;4;5)",
-    "student_embeddings": "initial embeddings: teacher, random, or a word2vec/GloVe text file",
-    "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
-    "train_limit": "use only the first N training examples (teacher and student)",
-    "val_fraction": "hold out this share of the training examples (not trained on, not augmented) "
-                    "and keep the student's best epoch on them (default 0: the last epoch)",
-    "augment": "augmented copies per training example (Tang et al. 2019); needs NLTK tagger data",
-    "p_mask": "--augment: probability of masking each word (the defaults of the operators are "
-              "Tang et al. 2019's)",
-    "p_pos": "--augment: probability of replacing each word by another of its POS tag",
-    "p_ngram": "--augment: probability of cutting a copy to an n-gram of 1..--max-ngram words, "
-               "or sentences for a multi-sentence document",
-    "max_ngram": "--augment: longest n-gram that --p-ngram keeps",
-    "p_shuffle": "--augment: probability of shuffling the sentences of a multi-sentence document",
-    "unlabeled_examples": "N more training examples after --train-limit whose gold labels stay hidden: "
-                          "the teacher labels them for the transfer set (not augmented)",
-    "data_seed": "seed of the --val-fraction split and the augmented copies (default: --seed); fix it "
-                 "while varying --seed to reuse one transfer set and its --teacher-cache",
-    "temperature": "softmax/sigmoid temperature T of the distillation term (> 0)",
-    "kd_lambda": "weight of the distillation term: L = L_task + lambda L_KD "
-                 "(default 4 single-label, 1 multi-label)",
-    "kd_loss": "distillation term: kl (KL of T-softened outputs; per-label Bernoulli KL for "
-               "multi-label) or mse (squared error of raw logits, Tang et al. 2019)",
-    "no_kd": "train the same student on gold labels only (the baseline)",
-    "lr": ("student Adam learning rate (default: per student, 1e-3 bilstm/kimcnn, 3e-2 logreg; "
-           "1.0 logreg on multi-label tasks)"),
-    "weight_decay": ("Adam L2 penalty of the student (default: per student, 0 bilstm/kimcnn, 5e-5 logreg; "
-                     "on multi-label tasks 2e-6 logreg divided by the number of labels)"),
-    "lr_schedule": "student learning rate: constant or linear (decay to 0); default per student, "
-                   "constant bilstm/kimcnn, linear logreg",
-    "teacher_epochs": "epochs when fine-tuning the teacher first (--teacher minilm)",
-    "teacher_cache": "an earlier distill run folder whose cached teacher logits to reuse",
-    "out": "run folder to create", "resume": "continue an interrupted run in --out",
-    # --task reqa only
-    "teacher_train_limit": "train the cross-encoder on the first N training questions only",
-    "mining_top_k": "BM25 candidates per question that the cross-encoder scores",
-    "mining_threshold": "a candidate with p(relevant) >= this becomes a positive of weight p^2",
-    "unlabeled_questions": "N more training questions after --train-limit whose gold stays hidden: "
-                           "only mined pairs speak for them",
-}
 
 
 def _fields(cls) -> set[str]:
@@ -74,9 +30,9 @@ REQA_ONLY = sorted(_fields(ReQAMiningConfig) - _fields(DistillConfig))
 
 
 def add_arguments(parser):
-    add_config_args(parser, DistillConfig, HELPS)
+    add_config_args(parser, DistillConfig)
     group = parser.add_argument_group("--task reqa --student dual-encoder (cross-attention mining)")
-    add_config_args(group, ReQAMiningConfig, HELPS, only=REQA_ONLY)
+    add_config_args(group, ReQAMiningConfig, only=REQA_ONLY)
 
 
 def run(args):

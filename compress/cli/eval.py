@@ -1,5 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
-from compress.cli.option_help import QA_TRAINING_ONLY
+from compress.cli.option_groups import QA_TRAINING_ONLY
 from compress.recipes.finetune import EvalConfig, run_eval
 
 HELP = "evaluate a fine-tuned model (run folder or model folder) on a task's eval split"
@@ -10,10 +10,7 @@ EXAMPLES = """examples:
 
 def add_arguments(parser):
     # evaluation reads the eval split only and trains nothing: no training options
-    add_config_args(parser, EvalConfig, {"model": "run folder or fine-tuned model folder",
-                                         "max_length": "tokens per example (default: the model's own, "
-                                                       "from its run)",
-                                         "batch_size": "examples per batch"},
+    add_config_args(parser, EvalConfig, {"model": "run folder or fine-tuned model folder"},
                     skip=("train_limit", *QA_TRAINING_ONLY))
 
 

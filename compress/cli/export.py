@@ -11,27 +11,10 @@ EXAMPLES = """examples:
       --task sst2 --data-dir ../shared/data          # fused, float16 inside, float32 in and out
   compress export artifacts/distill/RUN --to bilstm.onnx
 """
-HELPS = {"model": "model folder, run folder, student folder or 'minilm'",
-         "to": "the .onnx file to write (a report goes beside it as .json)",
-         "optimize": "run onnxruntime's transformer optimizer (attention fusion; counts reported)",
-         "quantize": "int8: dynamic int8 quantization with its own looser parity check",
-         "per_channel": "int8 scale per output column of each weight matrix (default: one per matrix)",
-         "precision": "fp32, or fp16/bf16: optimized (fused) first, then converted; float32 inputs "
-                      "and outputs, its own parity tolerance",
-         "atol": "fp32 parity tolerance (max absolute difference of logits)",
-         "half_atol": "fp16/bf16 parity tolerance (max absolute difference of logits; default 0.05 "
-                      "for fp16, 0.4 for bf16)",
-         "int8_atol": "int8 parity tolerance (max absolute difference of logits)",
-         "shapes": "BATCHxLENGTH shapes the parity check runs on",
-         "provider": "onnxruntime provider for the checks: cpu, cuda, auto or a full name",
-         "task": "also report this task's dev-set metric for fp32 and int8/fp16/bf16 (and, for "
-                 "fp16/bf16, the argmax agreement with fp32)",
-         "data_dir": "folder holding the task's files", "eval_limit": "use only the first N dev examples",
-         "max_length": "tokenizer max length for --task (default: the model's)"}
 
 
 def add_arguments(parser):
-    add_config_args(parser, ExportConfig, HELPS, positional=("model",))
+    add_config_args(parser, ExportConfig, positional=("model",))
 
 
 def run(args):

@@ -8,16 +8,10 @@ EXAMPLES = """examples:
   compress finetune --task reuters --data-dir ../shared/data --max-length 256 --lr 1e-4
   compress finetune --task csv --data-dir mydata --text-column review --label-column stars
 """
-HELPS = {
-    "model": "minilm, a model folder, a run folder or a hub name",
-    "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
-    "train_limit": "use only the first N training examples", "out": "run folder to create",
-    "resume": "continue an interrupted run in --out from its last checkpoint",
-}
 
 
 def add_arguments(parser):
-    add_config_args(parser, FinetuneConfig, HELPS)
+    add_config_args(parser, FinetuneConfig)
 
 
 def run(args):

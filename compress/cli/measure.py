@@ -10,14 +10,10 @@ EXAMPLES = """examples:
   compress measure model.onnx --json               # initializers' size and sparsity of an ONNX file
   compress measure artifacts/distill/RUN           # a student
 """
-HELPS = {"model": "model folder, run folder, student folder, 'minilm' or an .onnx file",
-         "seq_len": "sequence length the FLOPs are counted at",
-         "json": "print the full report as JSON instead of text",
-         "runtime": "runtime the 'will it be faster?' verdict is about"}
 
 
 def add_arguments(parser):
-    add_config_args(parser, MeasureConfig, HELPS, positional=("model",))
+    add_config_args(parser, MeasureConfig, positional=("model",))
 
 
 def run(args):

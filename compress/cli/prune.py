@@ -21,46 +21,7 @@ EXAMPLES = """examples:
   compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
-HELPS = {
-    "task": "task to fine-tune on (stages finetune/after-finetune)",
-    "model": "minilm, a model folder, a run folder or a hub name",
-    "data_dir": "folder holding the task's files (else $COMPRESS_DATA_DIR, else the hub)",
-    "train_limit": "use only the first N training examples", "out": "run folder to create",
-    "sparsity": "fraction of the pruned matrices' weights set to zero, in [0, 1)",
-    "criterion": "magnitude (smallest |w| first) or random (the paper's control)",
-    "scope": "local (one threshold per matrix, the paper's default) or global (one over all)",
-    "schedule": "oneshot, or gradual (Zhu & Gupta cubic: s_f + (s_i - s_f)(1 - (t - t0)/span)^3)",
-    "stage": "pretrain (masked LM on --corpus), finetune (prune while fine-tuning), after-finetune",
-    "prune_steps": "steps over which gradual pruning ramps up; unset = the first half of training",
-    "prune_every": "recompute masks every N steps while ramping; unset = a tenth of --prune-steps",
-    "prune_start": "step t0 at which pruning begins",
-    "initial_sparsity": "s_i of the gradual schedule",
-    "schedule_power": "exponent of the gradual schedule (3 = cubic)",
-    "include": "extra parameters to prune: comma-separated globs, or re:REGEX",
-    "exclude": "parameters not to prune: comma-separated globs, or re:REGEX",
-    "recovery_steps": "after-finetune: training steps with masks after pruning; unset = as many as "
-                      "the dense fine-tuning",
-    "corpus": "pretrain: text file(s), comma-separated, or a folder of .txt/.raw/.tokens files",
-    "mlm_probability": "pretrain: fraction of tokens masked (80% [MASK], 10% random, 10% kept)",
-    "heldout_fraction": "pretrain: last fraction of the corpus lines kept out for the MLM loss",
-    "heldout_blocks": "pretrain: at most this many held-out blocks are scored",
-    "no_dense_baseline": "pretrain: skip training the unpruned model for comparison",
-    "structured": "remove whole units instead: heads,ffn (uses compress.pruning.structured)",
-    "pattern": "N:M semi-structured sparsity, e.g. 2:4: the N smallest |w| of every group of M "
-               "consecutive weights along each pruned matrix's input dimension are zeroed (sparsity "
-               "N/M by definition; gradual: in a growing share of the groups). 2:4 runs faster with "
-               "PyTorch's semi-structured kernels on CUDA capability >= 8.0; elsewhere it saves "
-               "storage only",
-    "teacher": "distil from this fine-tuned run/model folder while pruning and recovering (loss = task "
-               "+ lambda * T^2 * KL); 'self' = the dense model the run starts from (after-finetune: "
-               "the model its dense phase made)",
-    "kd_lambda": "weight of the KD term; unset = 4 single-label, 1 multi-label (as compress distill)",
-    "temperature": "softmax temperature T of the KD term",
-    "kd_hidden": "weight of an MSE between the last layer's hidden states of student and teacher; "
-                 "0 = off (the teacher then runs every step)",
-    "resume": "continue an interrupted run in --out from its last checkpoint (same options; save "
-              "checkpoints with --checkpoint-every N)",
-}
+HELPS = {"task": "task to fine-tune on (stages finetune/after-finetune)"}  # this command's wording
 
 
 def add_arguments(parser):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compress.config import check_range
+from compress.config import check_range, option
 from compress.distill.losses import DEFAULT_TEMPERATURE, default_kd_lambda, distillation_loss
 from compress.errors import UsageError
 
@@ -35,10 +35,16 @@ class TeacherKDOptions:
     ``--kd-lambda`` (None: 4 single-label, 1 multi-label, as in ``compress distill``),
     ``--temperature`` T, ``--kd-hidden`` the weight of the last-layer hidden-state MSE (0 = off)."""
 
-    teacher: str | None = None
-    kd_lambda: float | None = None
-    temperature: float = DEFAULT_TEMPERATURE
-    kd_hidden: float = 0.0
+    teacher: str | None = option(None, help="distil from this fine-tuned run/model folder while "
+                                            "pruning and recovering (loss = task + lambda * T^2 * "
+                                            "KL); 'self' = the dense model the run starts from "
+                                            "(after-finetune: the model its dense phase made)")
+    kd_lambda: float | None = option(None, help="weight of the KD term; unset = 4 single-label, 1 "
+                                                "multi-label (as compress distill)")
+    temperature: float = option(DEFAULT_TEMPERATURE, help="softmax temperature T of the KD term")
+    kd_hidden: float = option(0.0, help="weight of an MSE between the last layer's hidden states of "
+                                        "student and teacher (0 = off; above 0 the teacher runs "
+                                        "on every batch)")
 
     def __post_init__(self):
         if self.kd_lambda is not None:

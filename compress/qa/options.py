@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compress.config import check_choice, check_range
+from compress.config import check_choice, check_range, option
 
 QA_OBJECTIVE_NAMES = ("plain", "pfa", "hl-aacl")
 PFA_ALIGNMENTS = ("cosine", "kl", "js", "w1")
@@ -17,23 +17,33 @@ PFA_ALIGNMENTS = ("cosine", "kl", "js", "w1")
 
 @dataclass(frozen=True)
 class QAOptions:
-    # SQuAD features: doc_stride is the token overlap between consecutive windows of a long context
-    # (Hugging Face semantics); None = max_length // 3, i.e. 128 at the standard --max-length 384.
-    doc_stride: int | None = None
-    n_best: int = 20
-    max_answer_length: int = 30
-    # "38/10": first 38 articles of the dev file train, next 10 evaluate (never split by question).
-    split_by_article: str | None = None
-    skip_bad_examples: bool = False
+    # Hugging Face semantics; None = max_length // 3, i.e. 128 at the standard --max-length 384.
+    doc_stride: int | None = option(None, help="squad: token overlap between windows of a long "
+                                               "context (unset: --max-length // 3)")
+    n_best: int = option(20, help="squad: start and end candidates kept per window when decoding "
+                                  "answers")
+    max_answer_length: int = option(30, help="squad: longest answer span in tokens")
+    # never split by question: questions of one article share their context
+    split_by_article: str | None = option(None, help="squad/reqa: TRAIN/EVAL article counts of one "
+                                                     "SQuAD file, e.g. 38/10 (the first 38 articles "
+                                                     "train, the next 10 evaluate)")
+    skip_bad_examples: bool = option(False, help="squad: skip examples whose answer cannot be "
+                                                 "located instead of stopping")
     # SQuAD loss plug-in (compress.qa.objectives.OBJECTIVES).
-    objective: str = "plain"
-    objective_alpha: float = 0.5  # weight of the PFA alignment / the answer-aware contrastive term
-    pfa_alignment: str = "cosine"
-    pfa_epsilon: float = 0.1  # size of the embedding perturbation relative to the embedding norm
-    hl_top_k: int = 20
-    aacl_tau: float = 0.1
-    # ReQA dual encoder: in-batch sampled softmax over scale * cosine (Yang et al. use 100).
-    retrieval_scale: float = 100.0
+    objective: str = option("plain", choices=QA_OBJECTIVE_NAMES, help="squad: the training loss")
+    objective_alpha: float = option(0.5, help="squad: weight of the pfa alignment / hl-aacl "
+                                              "contrastive term")
+    pfa_alignment: str = option("cosine", choices=PFA_ALIGNMENTS,
+                                help="squad --objective pfa: how perturbed and clean outputs are "
+                                     "aligned")
+    pfa_epsilon: float = option(0.1, help="squad --objective pfa: size of the embedding "
+                                          "perturbation, relative to its norm")
+    hl_top_k: int = option(20, help="squad --objective hl-aacl: hard negatives kept per example")
+    aacl_tau: float = option(0.1, help="squad --objective hl-aacl: temperature of the contrastive "
+                                       "term")
+    # Yang et al. use 100.
+    retrieval_scale: float = option(100.0, help="reqa: scale of the cosine in the dual encoder's "
+                                                "in-batch softmax")
 
     def __post_init__(self):
         check_qa_options(self)

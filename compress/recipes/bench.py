@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from compress.config import check_choice, check_range, to_dict
+from compress.config import check_choice, check_range, option, to_dict
 from compress.errors import UsageError
 from compress.measure.latency import _sync
 
@@ -54,18 +54,29 @@ SEMI_STRUCTURED_CAPABILITY = (8, 0)
 
 @dataclass(frozen=True)
 class BenchOptions:
-    batch_sizes: tuple[int, ...] = (1, 32)
-    seq_lens: tuple[int, ...] = (128,)
-    warmup: int = 3
-    iterations: int = 10
-    rounds: int = 3
-    settle_s: float = 0.1
-    runtimes: tuple[str, ...] = DEFAULT_RUNTIMES
-    provider: str = "auto"
-    threads: int | None = None
-    matmul_n: int = 1024
-    out: str | None = None
-    name: str | None = None
+    batch_sizes: tuple[int, ...] = option((1, 32), help="batch sizes to time (integers)")
+    seq_lens: tuple[int, ...] = option((128,), help="sequence lengths to time")
+    warmup: int = option(3, help="untimed calls per model before the first round")
+    iterations: int = option(10, help="timed calls per grid point and round")
+    rounds: int = option(3, help="rounds in which every model is timed in turn (spreads machine "
+                                 "drift evenly)")
+    settle_s: float = option(0.1, help="idle seconds before each model's turn, which then starts "
+                                       "with one untimed call")
+    runtimes: tuple[str, ...] = option(DEFAULT_RUNTIMES, choices=RUNTIMES,
+                                       help="for model folders: torch (eager fp32), ort (exported on "
+                                            "the fly) and the PyTorch peers torch-fp16, torch-bf16 "
+                                            "(GPU only), torch-sparse (2:4-pruned linears in "
+                                            "PyTorch semi-structured form; GPU of capability >= "
+                                            "8.0), torch-compile (compile time reported apart), "
+                                            "torch-int8 (dynamic int8 nn.Linear, CPU only); .onnx "
+                                            "files always use ort")
+    provider: str = option("auto", help="onnxruntime provider: auto, cpu, cuda or a full provider "
+                                        "name")
+    threads: int | None = option(None, help="intra-op threads for torch and onnxruntime (unset: "
+                                            "torch's)")
+    matmul_n: int = option(1024, help="matrix size of the dense matmul peak measurement")
+    out: str | None = option(None, help="run folder to create")
+    name: str | None = option(None, help="run name")
 
     def __post_init__(self):
         if not self.batch_sizes or not self.seq_lens:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.config import check_choice, check_range, to_dict
+from compress.config import check_choice, check_range, option, option_like, to_dict
 from compress.distill.augment import OPERATORS, AugmentConfig, augment_texts, require_nltk_data
 from compress.distill.embeddings import (
     check_embed_dim,
@@ -41,66 +41,106 @@ from compress.distill.train import (
 from compress.errors import UsageError
 from compress.metrics import compute_metrics
 from compress.models import PACKAGED, load_classifier, load_tokenizer, resolve_model
+from compress.recipes.finetune import TaskDataConfig
 from compress.runs import RunDir
 from compress.tasks import DataOptions, data_dir_from_env
 from compress.trackers import check_report_to, start_tracking
+from compress.training import TrainConfig
 from students.registry import build_student, get_student, parse_options, save_student, student_config
+
+
+def student_choices() -> list[str]:
+    """The registry's students and the retrieval one, which lives with its task."""
+    from students.registry import STUDENTS
+
+    return [*STUDENTS, "dual-encoder (--task reqa only)"]
 
 
 @dataclass(frozen=True)
 class DistillConfig:
     # what
-    student: str = "bilstm"
-    teacher: str = "minilm"
-    task: str = "sample"
-    student_options: tuple[str, ...] = ()
-    student_embeddings: str = "teacher"
+    student: str = option("bilstm", choices=student_choices, help="student architecture")
+    teacher: str = option("minilm", help="a fine-tuned run or model folder for the task, or 'minilm' "
+                                         "to fine-tune one first")
+    task: str = option_like(TaskDataConfig, "task")
+    student_options: tuple[str, ...] = option((), help="student config as KEY=VALUE,... (e.g. "
+                                                       "hidden_size=128,pooling=last; tuples with "
+                                                       "';': widths=3;4;5)")
+    student_embeddings: str = option("teacher", help="initial embeddings: teacher, random, or a "
+                                                     "word2vec/GloVe text file")
     # data
-    data_dir: str | None = None
-    text_column: str = "text"
-    text_pair_column: str | None = None
-    label_column: str = "label"
-    train_limit: int | None = None
-    eval_limit: int | None = None
-    max_length: int = 128
-    augment: int = 0
-    # the operators of each augmented copy, defaults from AugmentConfig (Tang et al. 2019's values):
-    # mask a word, replace it by a word of the same POS tag, keep an n-gram of 1..max_ngram words
-    # (sentences for documents), shuffle a document's sentences
-    p_mask: float = AugmentConfig.p_mask
-    p_pos: float = AugmentConfig.p_pos
-    p_ngram: float = AugmentConfig.p_ngram
-    max_ngram: int = AugmentConfig.max_ngram
-    p_shuffle: float = AugmentConfig.p_shuffle
-    # training examples after the first --train-limit whose gold labels stay hidden: the teacher
-    # labels them and they join the transfer set as they are (not augmented, no task loss)
-    unlabeled_examples: int = 0
-    val_fraction: float = 0.0  # > 0: hold out this share of the training examples, keep the best epoch
+    data_dir: str | None = option_like(TaskDataConfig, "data_dir")
+    text_column: str = option_like(TaskDataConfig, "text_column")
+    text_pair_column: str | None = option_like(TaskDataConfig, "text_pair_column")
+    label_column: str = option_like(TaskDataConfig, "label_column")
+    train_limit: int | None = option(None, help="use only the first N training examples (teacher "
+                                                "and student)")
+    eval_limit: int | None = option_like(TaskDataConfig, "eval_limit")
+    max_length: int = option_like(TrainConfig, "max_length")
+    augment: int = option(0, help="augmented copies per training example (Tang et al. 2019); needs "
+                                  "NLTK tagger data")
+    # the operators of each augmented copy, defaults from AugmentConfig (Tang et al. 2019's values)
+    p_mask: float = option(AugmentConfig.p_mask, help="--augment: probability of masking each word")
+    p_pos: float = option(AugmentConfig.p_pos, help="--augment: probability of replacing each word "
+                                                    "by another of its POS tag")
+    p_ngram: float = option(AugmentConfig.p_ngram, help="--augment: probability of cutting a copy "
+                                                        "to an n-gram of 1..--max-ngram words, or "
+                                                        "sentences for a multi-sentence document")
+    max_ngram: int = option(AugmentConfig.max_ngram, help="--augment: longest n-gram that --p-ngram "
+                                                          "keeps")
+    p_shuffle: float = option(AugmentConfig.p_shuffle, help="--augment: probability of shuffling the "
+                                                            "sentences of a multi-sentence document")
+    # no task loss for these: the teacher labels them and they join the transfer set as they are
+    unlabeled_examples: int = option(0, help="N more training examples after --train-limit whose "
+                                             "gold labels stay hidden: the teacher labels them for "
+                                             "the transfer set (not augmented)")
+    val_fraction: float = option(0.0, help="hold out this share of the training examples (not "
+                                           "trained on, not augmented) and keep the student's best "
+                                           "epoch on them (0: the last epoch)")
     # loss
-    temperature: float = DEFAULT_TEMPERATURE
-    kd_lambda: float | None = None  # None: 4 single-label, 1 multi-label (Adhikari et al. 2020)
-    kd_loss: str = "kl"  # kl (Bernoulli KL for multi-label) or mse on logits (Tang et al. 2019)
-    no_kd: bool = False
-    # student training
-    lr: float | None = None  # None: the student's default_lr in the registry
-    epochs: int = 10
-    batch_size: int = 64
-    weight_decay: float | None = None  # None: the student's default in the registry
-    lr_schedule: str | None = None  # constant | linear; None: the student's default
-    max_grad_norm: float = 5.0
-    seed: int = 42
-    data_seed: int | None = None  # seeds the held-out split and the augmented copies; None: seed
+    temperature: float = option(DEFAULT_TEMPERATURE, help="softmax/sigmoid temperature T of the "
+                                                          "distillation term (> 0)")
+    # Adhikari et al. 2020's weights
+    kd_lambda: float | None = option(None, help="weight of the distillation term: L = L_task + "
+                                                "lambda L_KD (unset: 4 single-label, 1 multi-label)")
+    kd_loss: str = option("kl", choices=KD_LOSS_CHOICES,
+                          help="distillation term: kl (KL of T-softened outputs; per-label "
+                               "Bernoulli KL for multi-label) or mse (squared error of raw logits, "
+                               "Tang et al. 2019)")
+    no_kd: bool = option(False, help="train the same student on gold labels only (the baseline)")
+    # student training; unset values come from the student's registry entry
+    lr: float | None = option(None, help="student Adam learning rate (unset: per student, 1e-3 "
+                                         "bilstm/kimcnn, 3e-2 logreg; 1.0 logreg on multi-label "
+                                         "tasks)")
+    epochs: int = option(10, help="student training epochs")
+    batch_size: int = option(64, help="student examples per optimizer step")
+    weight_decay: float | None = option(None, help="Adam L2 penalty of the student (unset: per "
+                                                   "student, 0 bilstm/kimcnn, 5e-5 logreg; on "
+                                                   "multi-label tasks 2e-6 logreg divided by the "
+                                                   "number of labels)")
+    lr_schedule: str | None = option(None, choices=LR_SCHEDULES,
+                                     help="student learning rate: constant or linear (decay to 0); "
+                                          "unset: per student, constant bilstm/kimcnn, linear "
+                                          "logreg")
+    max_grad_norm: float = option(5.0, help="clip the student's gradient norm to this")
+    seed: int = option(42, help="seed of the student initialisation, data order and dropout")
+    data_seed: int | None = option(None, help="seed of the --val-fraction split and the augmented "
+                                              "copies (unset: --seed); fix it while varying --seed "
+                                              "to reuse one transfer set and its --teacher-cache")
     # teacher fine-tuning (when --teacher names a packaged encoder) and inference
-    teacher_epochs: float = 3.0
-    teacher_lr: float = 5e-5
-    teacher_batch_size: int = 32
-    teacher_eval_batch_size: int = 128
-    teacher_cache: str | None = None
+    teacher_epochs: float = option(3.0, help="epochs when fine-tuning the teacher first (--teacher "
+                                             "minilm)")
+    teacher_lr: float = option(5e-5, help="learning rate when fine-tuning the teacher first")
+    teacher_batch_size: int = option(32, help="batch size when fine-tuning the teacher first")
+    teacher_eval_batch_size: int = option(128, help="batch size when the teacher labels the "
+                                                    "transfer set")
+    teacher_cache: str | None = option(None, help="an earlier distill run folder whose cached "
+                                                  "teacher logits to reuse")
     # run folder
-    out: str | None = None
-    name: str | None = None
-    resume: bool = False
-    report_to: str = "none"  # experiment tracker the per-epoch records also go to (compress.trackers)
+    out: str | None = option_like(TaskDataConfig, "out")
+    name: str | None = option_like(TaskDataConfig, "name")
+    resume: bool = option(False, help="continue an interrupted run in --out")
+    report_to: str = option_like(TrainConfig, "report_to")
 
     def __post_init__(self):
         get_student(self.student)

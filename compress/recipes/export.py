@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.config import check_choice, check_range, to_dict
+from compress.config import check_choice, check_range, option, to_dict
 from compress.errors import UsageError
 from compress.export.onnx import (
     DEFAULT_SHAPES,
@@ -35,26 +35,41 @@ from compress.export.onnx import (
     parse_shapes,
     quantize_int8,
 )
+from compress.tasks import task_choices
 
 
 @dataclass(frozen=True)
 class ExportConfig:
-    model: str = "minilm"
-    to: str | None = None
-    optimize: bool = False
-    quantize: str | None = None
-    per_channel: bool = False
-    precision: str = field(default="fp32", metadata={"choices": PRECISION_CHOICES})
-    atol: float = FP32_ATOL
-    int8_atol: float = INT8_ATOL
-    half_atol: float | None = None
-    shapes: str = ",".join(f"{b}x{n}" for b, n in DEFAULT_SHAPES)
-    opset: int = 17
-    provider: str = "cpu"
-    task: str | None = None
-    data_dir: str | None = None
-    eval_limit: int | None = None
-    max_length: int | None = None
+    model: str = option("minilm", help="model folder, run folder, student folder or 'minilm'")
+    to: str | None = option(None, help="the .onnx file to write (a report goes beside it as .json)")
+    optimize: bool = option(False, help="run onnxruntime's transformer optimizer (attention fusion; "
+                                        "counts reported)")
+    quantize: str | None = option(None, choices=QUANTIZE_CHOICES,
+                                  help="int8: dynamic int8 quantization with its own looser parity "
+                                       "check")
+    per_channel: bool = option(False, help="int8 scale per output column of each weight matrix "
+                                           "(default: one per matrix)")
+    precision: str = option("fp32", choices=PRECISION_CHOICES,
+                            help="fp32, or fp16/bf16: optimized (fused) first, then converted; "
+                                 "float32 inputs and outputs, its own parity tolerance")
+    atol: float = option(FP32_ATOL, help="fp32 parity tolerance (max absolute difference of logits)")
+    int8_atol: float = option(INT8_ATOL, help="int8 parity tolerance (max absolute difference of "
+                                              "logits)")
+    half_atol: float | None = option(None, help="fp16/bf16 parity tolerance (max absolute difference "
+                                                "of logits; unset: 0.05 for fp16, 0.4 for bf16)")
+    shapes: str = option(",".join(f"{b}x{n}" for b, n in DEFAULT_SHAPES),
+                         help="BATCHxLENGTH shapes the parity check runs on")
+    opset: int = option(17, help="ONNX opset version of the export")
+    provider: str = option("cpu", help="onnxruntime provider for the checks: cpu, cuda, auto or a "
+                                       "full name")
+    task: str | None = option(None, choices=task_choices,
+                              help="also report this task's dev-set metric for fp32 and "
+                                   "int8/fp16/bf16 (and, for fp16/bf16, the argmax agreement with "
+                                   "fp32)")
+    data_dir: str | None = option(None, help="folder holding the task's files")
+    eval_limit: int | None = option(None, help="use only the first N dev examples")
+    max_length: int | None = option(None, help="tokenizer max length for --task (unset: the "
+                                               "model's)")
 
     def __post_init__(self):
         if not self.to:

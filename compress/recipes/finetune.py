@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from compress.config import to_dict
+from compress.config import option, to_dict
 from compress.errors import UsageError
 from compress.models import load_classifier, save_model
 from compress.qa.options import QAOptions
 from compress.recipes.qa import eval_qa, finetune_qa
 from compress.recipes.retrieval import eval_reqa, finetune_reqa
 from compress.runs import RunDir, launch_rank
-from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split
+from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split, task_choices
 from compress.tasks.base import TextDataset
 from compress.trackers import start_tracking
 from compress.training import TrainConfig, TrainHook, encode, set_seed, train
@@ -27,16 +27,22 @@ from compress.training import TrainConfig, TrainHook, encode, set_seed, train
 class TaskDataConfig:
     """Which task, which data and which model; shared by every command that trains or evaluates."""
 
-    task: str = "sample"
-    model: str = "minilm"
-    data_dir: str | None = None
-    text_column: str = "text"
-    text_pair_column: str | None = None
-    label_column: str = "label"
-    train_limit: int | None = None
-    eval_limit: int | None = None
-    out: str | None = None
-    name: str | None = None
+    task: str = option("sample", choices=task_choices,
+                       help="the task to train or evaluate on")
+    model: str = option("minilm", help="minilm (the packaged default), a model folder, a run folder "
+                                       "or a hub name")
+    data_dir: str | None = option(None, help="folder holding the task's files (else "
+                                             "$COMPRESS_DATA_DIR, else the hub)")
+    text_column: str = option("text", help="csv/jsonl: the column holding the text")
+    text_pair_column: str | None = option(None, help="csv/jsonl: the column holding the second "
+                                                     "text of a pair task")
+    label_column: str = option("label", help="csv/jsonl: the column holding the label")
+    train_limit: int | None = option(None, help="use only the first N training examples")
+    eval_limit: int | None = option(None, help="score only the first N eval examples")
+    out: str | None = option(None, help="run folder to create (default: "
+                                        "artifacts/<command>/<time>-<name>)")
+    name: str | None = option(None, help="name of the run folder under artifacts/<command>/ "
+                                         "(default: from the task and options)")
 
     def data_options(self) -> DataOptions:
         return DataOptions(data_dir_from_env(self.data_dir), self.text_column,
@@ -46,10 +52,13 @@ class TaskDataConfig:
 @dataclass(frozen=True)
 class FinetuneConfig(TrainConfig, TaskDataConfig, QAOptions):
     # QAOptions: --doc-stride, --n-best, --split-by-article, --objective, ... (squad/reqa only).
-    resume: bool = False
-    # Fine-tuning a pruned model keeps its masks; this zeroes the same weights once and lets them
-    # regrow instead (the information-deletion control of Gordon et al. 2020).
-    information_deletion: bool = False
+    resume: bool = option(False, help="continue an interrupted run in --out from its last "
+                                      "checkpoint (same options; save checkpoints with "
+                                      "--checkpoint-every N)")
+    # the information-deletion control of Gordon et al. 2020
+    information_deletion: bool = option(False, help="fine-tuning a pruned model: zero its pruned "
+                                                    "weights once and let them regrow (Gordon et "
+                                                    "al.'s control) instead of keeping the masks")
 
     def __post_init__(self):
         TrainConfig.__post_init__(self)
@@ -192,8 +201,9 @@ FINETUNE_FAMILIES: dict[str, Callable[..., Path]] = {
 
 @dataclass(frozen=True)
 class EvalConfig(TaskDataConfig, QAOptions):
-    max_length: int | None = None
-    batch_size: int = 128
+    max_length: int | None = option(None, help="tokens per example (default: the model's own, "
+                                               "from its run)")
+    batch_size: int = option(128, help="examples per batch")
 
 
 def run_eval(cfg: EvalConfig) -> dict:

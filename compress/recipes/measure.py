@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from compress.config import check_range
+from compress.config import check_range, option
 from compress.measure.summary import measure_spec
 
 
 @dataclass(frozen=True)
 class MeasureConfig:
-    model: str = "minilm"
-    seq_len: int = 128
-    json: bool = False
-    runtime: str = "onnxruntime CPU"
+    model: str = option("minilm", help="model folder, run folder, student folder, 'minilm' or an "
+                                       ".onnx file")
+    seq_len: int = option(128, help="sequence length the FLOPs are counted at")
+    json: bool = option(False, help="print the full report as JSON instead of text")
+    runtime: str = option("onnxruntime CPU", help="runtime the 'will it be faster?' verdict is about")
 
     def __post_init__(self):
         check_range("seq_len", self.seq_len, 1, 4096)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from compress.api import make_pruner as api_make_pruner
-from compress.config import check_range, check_sparsity, to_dict
+from compress.config import check_range, check_sparsity, option, to_dict
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
     TeacherKDOptions,
@@ -53,7 +53,7 @@ from compress.pruning.integrity import (
     recorded_pattern,
     save_masks,
 )
-from compress.pruning.masks import NMPattern, get_criterion, get_scope
+from compress.pruning.masks import CRITERIA, SCOPES, NMPattern, get_criterion, get_scope
 from compress.pruning.pruner import (
     MagnitudePruner,
     PruningHook,
@@ -75,27 +75,53 @@ from compress.training import TrainConfig, TrainHook, encode, set_seed, train
 class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     # QAOptions: --doc-stride, --split-by-article, --objective, ... (squad/reqa only).
     # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden (distillation-aware pruning).
-    sparsity: float = 0.4
-    criterion: str = "magnitude"
-    scope: str = "local"
-    schedule: str = "gradual"
-    stage: str = "finetune"
-    prune_steps: int | None = None
-    prune_every: int | None = None
-    prune_start: int = 0
-    initial_sparsity: float = 0.0
-    schedule_power: float = DEFAULT_POWER
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    recovery_steps: int | None = None
-    corpus: tuple[str, ...] = ()
-    mlm_probability: float = 0.15
-    heldout_fraction: float = 0.05
-    heldout_blocks: int = 256
-    no_dense_baseline: bool = False
-    structured: tuple[str, ...] = ()
-    pattern: str | None = None
-    resume: bool = False
+    sparsity: float = option(0.4, help="fraction of the pruned matrices' weights set to zero, in "
+                                       "[0, 1)")
+    criterion: str = option("magnitude", choices=lambda: tuple(CRITERIA),
+                            help="magnitude (smallest |w| first) or random (the paper's control)")
+    scope: str = option("local", choices=lambda: tuple(SCOPES),
+                        help="local (one threshold per matrix, the paper's default) or global (one "
+                             "over all)")
+    schedule: str = option("gradual", choices=lambda: tuple(SCHEDULES),
+                           help="oneshot, or gradual (Zhu & Gupta cubic: s_f + (s_i - s_f)(1 - "
+                                "(t - t0)/span)^3)")
+    stage: str = option("finetune", choices=lambda: tuple(STAGES),
+                        help="pretrain (masked LM on --corpus), finetune (prune while "
+                             "fine-tuning), after-finetune")
+    prune_steps: int | None = option(None, help="steps over which gradual pruning ramps up; unset = "
+                                                "the first half of training")
+    prune_every: int | None = option(None, help="recompute masks every N steps while ramping; unset "
+                                                "= a tenth of --prune-steps")
+    prune_start: int = option(0, help="step t0 at which pruning begins")
+    initial_sparsity: float = option(0.0, help="s_i of the gradual schedule")
+    schedule_power: float = option(DEFAULT_POWER, help="exponent of the gradual schedule (3 = cubic)")
+    include: tuple[str, ...] = option((), help="extra parameters to prune: comma-separated globs, or "
+                                               "re:REGEX")
+    exclude: tuple[str, ...] = option((), help="parameters not to prune: comma-separated globs, or "
+                                               "re:REGEX")
+    recovery_steps: int | None = option(None, help="after-finetune: training steps with masks after "
+                                                   "pruning; unset = as many as the dense "
+                                                   "fine-tuning")
+    corpus: tuple[str, ...] = option((), help="pretrain: text file(s), comma-separated, or a folder "
+                                              "of .txt/.raw/.tokens files")
+    mlm_probability: float = option(0.15, help="pretrain: fraction of tokens masked (80% [MASK], "
+                                               "10% random, 10% kept)")
+    heldout_fraction: float = option(0.05, help="pretrain: last fraction of the corpus lines kept "
+                                                "out for the MLM loss")
+    heldout_blocks: int = option(256, help="pretrain: at most this many held-out blocks are scored")
+    no_dense_baseline: bool = option(False, help="pretrain: skip training the unpruned model for "
+                                                 "comparison")
+    structured: tuple[str, ...] = option((), help="remove whole units instead: heads,ffn (uses "
+                                                  "compress.pruning.structured)")
+    pattern: str | None = option(None, help="N:M semi-structured sparsity, e.g. 2:4: the N smallest "
+                                            "|w| of every group of M consecutive weights along each "
+                                            "pruned matrix's input dimension are zeroed (sparsity "
+                                            "N/M by definition; gradual: in a growing share of the "
+                                            "groups). 2:4 runs faster with PyTorch's semi-structured "
+                                            "kernels on CUDA capability >= 8.0; elsewhere it saves "
+                                            "storage only")
+    resume: bool = option(False, help="continue an interrupted run in --out from its last checkpoint "
+                                      "(same options; save checkpoints with --checkpoint-every N)")
 
     def __post_init__(self):
         TrainConfig.__post_init__(self)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.config import check_choice, check_range
+from compress.config import check_choice, check_range, option, option_like
 from compress.errors import UsageError
 from compress.models import load_classifier, read_meta, resolve_model, save_model
 from compress.recipes.finetune import FinetuneConfig
@@ -45,17 +45,20 @@ STUDENTS = ("dual-encoder",)
 class ReQAMiningConfig(FinetuneConfig):
     """FinetuneConfig (``model`` = the dual encoder's starting encoder) plus the teacher's options."""
 
-    task: str = "reqa"
-    student: str = "dual-encoder"
-    teacher: str = "minilm"
-    teacher_epochs: float = 3.0
-    teacher_lr: float = 5e-5  # the cross-encoder's learning rate (as distill's --teacher-lr)
-    teacher_train_limit: int | None = None  # training questions used for the cross-encoder
-    mining_top_k: int = 10
-    mining_threshold: float = 0.5
-    # training questions after the first --train-limit whose gold answers stay hidden: the
-    # cross-encoder labels their BM25 candidates too (0: mine the labeled questions only)
-    unlabeled_questions: int = 0
+    task: str = option_like(FinetuneConfig, "task", "reqa")
+    student: str = option("dual-encoder", choices=STUDENTS, help="the retrieval student")
+    teacher: str = option("minilm", help="the cross-encoder: a run fine-tuned on reqa pairs, or "
+                                         "'minilm' to fine-tune one first")
+    teacher_epochs: float = option(3.0, help="epochs when fine-tuning the cross-encoder first")
+    teacher_lr: float = option(5e-5, help="learning rate when fine-tuning the cross-encoder first")
+    teacher_train_limit: int | None = option(None, help="train the cross-encoder on the first N "
+                                                        "training questions only")
+    mining_top_k: int = option(10, help="BM25 candidates per question that the cross-encoder scores")
+    mining_threshold: float = option(0.5, help="a candidate with p(relevant) >= this becomes a "
+                                               "positive of weight p^2")
+    # 0: mine the labeled questions only
+    unlabeled_questions: int = option(0, help="N more training questions after --train-limit whose "
+                                              "gold stays hidden: only mined pairs speak for them")
 
     def __post_init__(self):
         FinetuneConfig.__post_init__(self)

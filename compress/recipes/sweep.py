@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compress.config import check_range, to_dict
+from compress.config import check_range, option, to_dict
 from compress.errors import DataError, UsageError
 from compress.runs import artifacts_root, write_json
 from compress.security import resolve_out
@@ -129,42 +129,54 @@ def parse_sparsities(items: tuple[str, ...] | list[str] | str) -> tuple[float, .
 
 @dataclass(frozen=True)
 class SweepConfig:
-    sparsities: tuple[str, ...] = ("0", "0.2", "0.4", "0.6", "0.8")
-    tasks: tuple[str, ...] = ("sst2",)
-    variants: tuple[str, ...] = ("magnitude", "random")
-    lrs: tuple[float, ...] = (5e-5,)
-    model: str = "minilm"
-    data_dir: str | None = None
-    train_limit: int | None = None
-    eval_limit: int | None = None
-    max_steps: int | None = None
-    epochs: float = 1.0
-    batch_size: int = 32
-    max_length: int = 128
-    seed: int = 42
-    schedule: str = "gradual"
-    pretrain_corpus: tuple[str, ...] = ()
-    pretrain_steps: int = 100
-    pretrain_lr: float = 5e-5
-    pretrain_batch_size: int = 16
-    pretrain_max_length: int = 128
-    pretrain_heldout_blocks: int = 256
-    jobs: int = 1
-    out: str | None = None
-    runner: str | None = None
-    teacher: str | None = None
-    backend: str = field(default="local", metadata={
-        "help": "where cells run: 'local' (child processes here, --jobs at a time) or 'ray' (one "
-                "Ray task per cell; the sweep folder must be on storage every node sees)",
-        "choices": BACKENDS})
-    address: str | None = field(default=None, metadata={
-        "help": "--backend ray: the cluster to join ('auto': the one running on this node; "
-                "HOST:PORT or ray://HOST:10001); unset: start Ray on this machine"})
-    cpus_per_cell: float = field(default=1.0, metadata={
-        "help": "--backend ray: CPUs each cell reserves (also its thread count)"})
-    gpus_per_cell: float = field(default=0.0, metadata={
-        "help": "--backend ray: GPUs each cell reserves (1 for the Gordon grid on GPUs; fractions "
-                "share a GPU)"})
+    sparsities: tuple[str, ...] = option(("0", "0.2", "0.4", "0.6", "0.8"),
+                                         help="numbers and START:STOP:STEP ranges (STOP included), "
+                                              "e.g. 0,0.2 or 0:0.9:0.1")
+    tasks: tuple[str, ...] = option(("sst2",), help="comma-separated task names")
+    variants: tuple[str, ...] = option(("magnitude", "random"), choices=lambda: tuple(VARIANTS),
+                                       help="comma-separated cell variants")
+    lrs: tuple[float, ...] = option((5e-5,), help="fine-tuning learning rates (the best one is "
+                                                  "reported)")
+    model: str = option("minilm", help="start model: minilm, a model folder, a run folder or a hub "
+                                       "name")
+    data_dir: str | None = option(None, help="folder holding the task files (e.g. ../shared/data)")
+    train_limit: int | None = option(None, help="use only the first N training examples of each "
+                                                "task")
+    eval_limit: int | None = option(None, help="score only the first N dev examples")
+    max_steps: int | None = option(None, help="fine-tuning steps per cell (unset: --epochs over the "
+                                              "data)")
+    epochs: float = option(1.0, help="fine-tuning epochs per cell")
+    batch_size: int = option(32, help="fine-tuning batch size")
+    max_length: int = option(128, help="fine-tuning sequence length (tokens)")
+    seed: int = option(42, help="seed of every cell")
+    schedule: str = option("gradual", choices=("oneshot", "gradual"),
+                           help="pruning schedule of every cell")
+    pretrain_corpus: tuple[str, ...] = option((), help="prune during masked-LM pre-training on this "
+                                                       "text first (file(s) or folder)")
+    pretrain_steps: int = option(100, help="optimizer steps of each pre-training cell")
+    pretrain_lr: float = option(5e-5, help="learning rate of the pre-training cells")
+    pretrain_batch_size: int = option(16, help="batch size of the pre-training cells")
+    pretrain_max_length: int = option(128, help="block length (tokens) of the pre-training cells")
+    pretrain_heldout_blocks: int = option(256, help="held-out corpus blocks scored for the MLM loss")
+    jobs: int = option(1, help="--backend local: cells run at once (each gets cores/jobs threads)")
+    out: str | None = option(None, help="sweep folder; re-run with the same --out to resume")
+    runner: str | None = option(None, help="command prefix that runs one cell (default: this "
+                                           "Python's 'python -m compress')")
+    teacher: str | None = option(None, help="add a distillation-aware twin (<variant>+kd, prune "
+                                            "--teacher) of every cell pruned on the task: 'self' "
+                                            "(after-finetune cells distil from their dense phase) "
+                                            "or a run fine-tuned on the task")
+    backend: str = option("local", choices=BACKENDS,
+                          help="where cells run: 'local' (child processes here, --jobs at a time) "
+                               "or 'ray' (one Ray task per cell; the sweep folder must be on "
+                               "storage every node sees)")
+    address: str | None = option(None, help="--backend ray: the cluster to join ('auto': the one "
+                                            "running on this node; HOST:PORT or ray://HOST:10001); "
+                                            "unset: start Ray on this machine")
+    cpus_per_cell: float = option(1.0, help="--backend ray: CPUs each cell reserves (also its "
+                                            "thread count)")
+    gpus_per_cell: float = option(0.0, help="--backend ray: GPUs each cell reserves (1 for the "
+                                            "Gordon grid on GPUs; fractions share a GPU)")
 
     def __post_init__(self):
         parse_sparsities(self.sparsities)

@@ -73,6 +73,11 @@ def get_task(name: str) -> TaskSpec:
     return TASKS[name]
 
 
+def task_choices() -> list[str]:
+    """Every registered task with its one-line description, as ``--task`` lists them."""
+    return [f"{name} ({spec.description})" for name, spec in TASKS.items()]
+
+
 def load_split(spec: TaskSpec, opts: DataOptions, split: str) -> TextDataset:
     """Load one split and refuse an empty one, and column options the task's loader would ignore."""
     if not spec.reads_columns:
@@ -84,4 +89,4 @@ def load_split(spec: TaskSpec, opts: DataOptions, split: str) -> TextDataset:
 
 
 __all__ = ["TASKS", "DataOptions", "TaskSpec", "TextDataset", "data_dir_from_env", "get_task",
-           "load_split"]
+           "load_split", "task_choices"]
