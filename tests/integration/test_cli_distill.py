@@ -295,7 +295,7 @@ def test_missing_tagger_data_is_one_line(teacher_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli("distill", "--teacher", str(teacher_run), "--augment", "2", "--out", str(out),
                 env={"NLTK_DATA": str(empty), "HOME": str(tmp_path),
-                     "COMPRESS_ARTIFACTS": str(tmp_path / "a")})
+                     "COMPRESS_ARTIFACTS": str(tmp_path / "a")}, isolated=True)  # nltk reads it once
     assert r.returncode == 1, r.stderr
     lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln.lower()]
     assert len(lines) == 1 and "Traceback" not in r.stderr

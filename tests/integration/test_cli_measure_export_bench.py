@@ -95,7 +95,8 @@ def test_bench_torch_vs_ort(tiny_bert, exported, tmp_path):
     tmp.mkdir()
     proc = run_cli("bench", f"base={tiny_bert}", f"int8={out}", "--batch-sizes", "1,2", "--seq-lens", "8",
                    "--iterations", "2", "--rounds", "2", "--warmup", "1", "--matmul-n", "128",
-                   "--out", str(tmp_path / "b"), env={"TMPDIR": str(tmp)})
+                   "--out", str(tmp_path / "b"), env={"TMPDIR": str(tmp)},
+                   isolated=True)  # tempfile reads TMPDIR once
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(tmp.glob("compress-bench-*"))  # the export of base for ort is removed
     r = json.loads((tmp_path / "b" / "bench.json").read_text())

@@ -89,9 +89,10 @@ def test_part_of_a_fused_qkv_is_refused(tiny_encoder, tmp_path, capsys):
 
 def test_quiet_by_default_and_verbose_shows_the_load_report(tiny_encoder, tmp_path):
     args = ("prune", "--model", str(tiny_encoder("distilbert")), "--sparsity", "0.4", *FAST)
-    quiet = run_cli(*args, "--out", str(tmp_path / "quiet"), env={"COMPRESS_NO_PROGRESS": ""})
+    quiet = run_cli(*args, "--out", str(tmp_path / "quiet"), env={"COMPRESS_NO_PROGRESS": ""},
+                    isolated=True)  # the load report is written by a handler bound at import
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     for noise in ("LOAD REPORT", "MISSING", "Loading weights", "Writing model shards", "\r"):
         assert noise not in quiet.stdout + quiet.stderr, noise
-    verbose = run_cli(*args, "--out", str(tmp_path / "verbose"), "--verbose")
+    verbose = run_cli(*args, "--out", str(tmp_path / "verbose"), "--verbose", isolated=True)
     assert verbose.returncode == 0 and "MISSING" in verbose.stdout + verbose.stderr
