@@ -194,7 +194,16 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         # Trained for other labels: ignore_mismatched_sizes only re-creates a head whose shape
         # differs, and an SST-2 head (2 labels) would carry over to RTE (2 labels).
         fresh_head(model)
+    if not same_head:
+        announce_new_head(f"classifier, {len(label_names)} label{'s' if len(label_names) != 1 else ''}")
     return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
+
+
+def announce_new_head(what: str) -> None:
+    """One line where a model gets a randomly initialised task head: what Hugging Face's load
+    report (a table of MISSING keys, hidden unless --verbose) says at length. On stdout, with the
+    run's other news: stderr stays for errors, which stay one line."""
+    print(f"new task head: {what} (randomly initialised)", flush=True)
 
 
 def match_tokenizer_inputs(tokenizer, model):

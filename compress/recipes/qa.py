@@ -22,6 +22,7 @@ from compress.config import to_dict
 from compress.distill.teacher_kd import TEACHER_SELF, SpanDistillation, answer_agreement, check_teacher_fits
 from compress.errors import ModelError, UsageError
 from compress.models import (
+    announce_new_head,
     load_pretrained,
     load_tokenizer,
     match_tokenizer_inputs,
@@ -55,6 +56,8 @@ def load_qa_model(spec: str, require_finetuned: bool = False):
         raise ModelError(f"model '{spec}' was not fine-tuned on squad (its task is "
                          f"{meta.get('task')!r}); pass a run folder of 'compress finetune --task squad'")
     model = load_pretrained(AutoModelForQuestionAnswering, spec, path, "a question-answering model")
+    if meta.get("task") != QA_TASK:
+        announce_new_head("span start/end (qa_outputs)")
     return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
 
 

@@ -94,5 +94,6 @@ def test_quiet_by_default_and_verbose_shows_the_load_report(tiny_encoder, tmp_pa
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     for noise in ("LOAD REPORT", "MISSING", "Loading weights", "Writing model shards", "\r"):
         assert noise not in quiet.stdout + quiet.stderr, noise
+    assert quiet.stdout.count("new task head: classifier, 2 labels") == 1  # the report's one line
     verbose = run_cli(*args, "--out", str(tmp_path / "verbose"), "--verbose", isolated=True)
     assert verbose.returncode == 0 and "MISSING" in verbose.stdout + verbose.stderr

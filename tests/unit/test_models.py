@@ -71,15 +71,18 @@ def test_the_cli_checks_the_model_name_before_building_its_parser(monkeypatch, c
     assert len(err) == 2 and all("'nosuchmodel' is neither a local folder" in line for line in err)
 
 
-def test_fresh_head_and_strict_labels(tiny_bert):
+def test_fresh_head_and_strict_labels(tiny_bert, capsys):
     model, tok, meta = load_classifier(str(tiny_bert), ("neg", "pos", "mixed"))
     assert model.config.num_labels == 3 and model.config.id2label[2] == "mixed"
     assert meta == {}
+    # one line (on stdout) saying what the load report hidden by the CLI says at length
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "new task head" in ln]
+    assert said == ["new task head: classifier, 3 labels (randomly initialised)"]
     with pytest.raises(ModelError, match="not fine-tuned by compress"):
         load_classifier(str(tiny_bert), ("neg", "pos"), strict_labels=True)
 
 
-def test_a_head_trained_for_other_labels_is_not_carried_over(tiny_bert, tmp_path):
+def test_a_head_trained_for_other_labels_is_not_carried_over(tiny_bert, tmp_path, capsys):
     # SST-2 (negative/positive) and RTE (entailment/not_entailment) both have 2 labels: the
     # head's shape matches, so only the saved label names tell that it belongs to another task.
     import torch
@@ -92,9 +95,12 @@ def test_a_head_trained_for_other_labels_is_not_carried_over(tiny_bert, tmp_path
         model.classifier.bias.fill_(7.0)
         encoder_w = model.bert.encoder.layer[0].attention.self.query.weight.clone()
     save_model(model, tok, tmp_path / "sst2", {"label_names": ["negative", "positive"]})
+    capsys.readouterr()
     same, _, _ = load_classifier(str(tmp_path / "sst2"), ("negative", "positive"))
     assert (same.classifier.weight == 7).all() and (same.classifier.bias == 7).all()  # same task: kept
+    assert "new task head" not in capsys.readouterr().out
     other, _, _ = load_classifier(str(tmp_path / "sst2"), ("entailment", "not_entailment"))
+    assert "new task head: classifier, 2 labels" in capsys.readouterr().out
     w = other.classifier.weight
     assert not (w == 7).any() and (other.classifier.bias == 0).all()
     assert 0 < w.std().item() < 0.1  # N(0, initializer_range = 0.02)
