@@ -143,7 +143,13 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from compress.measure.flops import count_flops
     from compress.measure.latency import matmul_peak_gflops, measure_interleaved
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import cpu_vnni_flags, exported_kind, is_structured_source, speed_verdict
+    from compress.measure.report import (
+        cpu_has_avx2,
+        cpu_vnni_flags,
+        exported_kind,
+        is_structured_source,
+        speed_verdict,
+    )
     from compress.runs import RunDir, write_json
 
     provider = resolve_provider(cfg.provider)
@@ -155,7 +161,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     threads = torch.get_num_threads()
     device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
     runtime_name = "onnxruntime " + ("CUDA" if device == "cuda" else "CPU")
-    vnni = cpu_vnni_flags()
+    vnni, avx2 = cpu_vnni_flags(), cpu_has_avx2()
 
     flops_cache: dict[tuple[str, int], int] = {}
     skipped: list[dict[str, str]] = []  # {model, runtime, reason}: runtimes that cannot run here
@@ -190,7 +196,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                             verdict=speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
                                                   structured=structured, int8=int8,
                                                   distilled=exported_kind(path) == "student",
-                                                  runtime=runtime_name, vnni=vnni))
+                                                  runtime=runtime_name, vnni=vnni, avx2=avx2))
                 runtime = "ort" + {"fp32": ""}.get(precision := onnx_precision(path), f"-{precision}")
                 targets.append((label, runtime, sess, sess.input_names, _onnx_vocab(path), src))
             else:
@@ -201,7 +207,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                 unstructured_sparsity=_encoder_sparsity(model),
                                 structured=getattr(getattr(model, "config", None), "layer_heads", None)
                                 is not None, distilled=loaded.kind == "student",
-                                runtime="PyTorch eager " + device, vnni=vnni))
+                                runtime="PyTorch eager " + device, vnni=vnni, avx2=avx2))
                 if "torch" in cfg.runtimes:
                     targets.append((label, "torch", _torch_callable(loaded), loaded.input_names,
                                     loaded.vocab_size, path))
@@ -260,7 +266,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         load = _load_average()
         result = {"provider": provider, "device": device, "threads": threads, "matmul_peak": peak,
                   "load_average_1min": load, "cpu_count": os.cpu_count(),
-                  "vnni": vnni, "models": models_info, "rows": rows, "skipped": skipped,
+                  "vnni": vnni, "avx2": avx2, "models": models_info, "rows": rows, "skipped": skipped,
                   "baseline": f"{rows[0]['model']} ({rows[0]['runtime']})" if rows else None}
         write_json(run.path / "bench.json", result)
         (run.path / "bench.txt").write_text(format_bench(result) + "\n", encoding="utf-8")

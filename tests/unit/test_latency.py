@@ -16,6 +16,7 @@ from compress.measure.latency import (
 )
 from compress.measure.params import count_params
 from compress.measure.report import (
+    cpu_has_avx2,
     cpu_vnni_flags,
     disk_sizes,
     exported_kind,
@@ -108,13 +109,15 @@ def test_vnni_detection_from_cpuinfo_text():
     assert cpu_vnni_flags("processor : 0\nflags : fpu sse avx2 avx512_vnni\n") == ["avx512_vnni"]
     assert cpu_vnni_flags("flags\t\t: fpu avx_vnni avx2\n") == ["avx_vnni"]
     assert cpu_vnni_flags("flags : fpu sse avx2\n") == []
+    assert cpu_has_avx2("flags : fpu sse avx2\n") and not cpu_has_avx2("flags : fpu sse4_2\n")
 
 
 def test_speed_verdicts():
     assert speed_verdict(unstructured_sparsity=0.9, vnni=[])["faster"] == "storage only"
     assert speed_verdict(structured=True, vnni=[])["faster"] == "yes"
     assert speed_verdict(int8=True, vnni=["avx512_vnni"])["faster"] == "yes"
-    assert speed_verdict(int8=True, vnni=[])["faster"] == "unlikely"
+    assert speed_verdict(int8=True, vnni=[], avx2=False)["faster"] == "unlikely"
+    assert speed_verdict(int8=True, vnni=[], avx2=True)["faster"] == "likely"  # AVX2 int8 kernels
     assert speed_verdict(vnni=[])["faster"] == "no compression"
     assert speed_verdict(distilled=True, vnni=[])["faster"] == "yes"
     assert speed_verdict(distilled=True, int8=True, vnni=[])["faster"] == "yes"  # still a student
