@@ -16,9 +16,9 @@ from compress.errors import UsageError
 C = TypeVar("C")
 
 
-def option(default: Any = dataclasses.MISSING, *, help: str,  # noqa: A002 - argparse's word
-           choices: typing.Sequence[str] | typing.Callable[[], typing.Sequence[str]] | None = None,
-           default_factory: Any = dataclasses.MISSING) -> Any:
+def option(default: Any, *, help: str,  # noqa: A002 - argparse's word
+           choices: typing.Sequence[str] | typing.Callable[[], typing.Sequence[str]] | None = None
+           ) -> Any:
     """A config field that carries its own help text and choices, Hugging Face's
     ``field(metadata={"help": ..., "choices": ...})`` convention: the commands build their flags'
     help from it, so a field and its explanation live in one place. ``choices`` may be a function
@@ -26,7 +26,7 @@ def option(default: Any = dataclasses.MISSING, *, help: str,  # noqa: A002 - arg
     metadata: dict[str, Any] = {"help": help}
     if choices is not None:
         metadata["choices"] = choices
-    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def option_like(cls: type, name: str, default: Any = dataclasses.MISSING) -> Any:

@@ -195,7 +195,7 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         # differs, and an SST-2 head (2 labels) would carry over to RTE (2 labels).
         fresh_head(model)
     if not same_head:
-        announce_new_head(f"classifier, {len(label_names)} label{'s' if len(label_names) != 1 else ''}")
+        announce_new_head(f"classifier, {len(label_names)} labels")
     return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
 
 
