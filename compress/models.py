@@ -255,3 +255,16 @@ def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
     from compress.modelcard import write_model_card
 
     write_model_card(folder, model, meta=meta)  # README.md: metadata, sparsity, FLOPs, the command
+
+
+def save_run_model(run, model, tokenizer, meta: dict[str, Any], hooks=()) -> None:
+    """A training run's ``model/`` folder (``save_model``), then what each hook with a ``save(run_path)``
+    adds to it (masks, pruning metadata). In a multi-process launch rank 0 alone writes them:
+    ``save_pretrained`` writes the weights on rank 0 only, so another rank's folder could not be
+    read back, and every rank holds the same weights and masks."""
+    if getattr(run, "rank", 0) > 0:
+        return
+    save_model(model, tokenizer, run.path / "model", meta)
+    for h in hooks:
+        if hasattr(h, "save"):
+            h.save(run.path)

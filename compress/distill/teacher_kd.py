@@ -1,4 +1,5 @@
-"""Distillation from a dense teacher while another model trains (pruning and its recovery).
+"""Distillation from a teacher while another model trains: pruning and its recovery, or fine-tuning
+(say, a pruned model recovering from its dense original).
 
 The loss of each step is ``L_task + lambda * T^2 * KL(teacher || student)``
 (``compress.distill.losses.distillation_loss``: softmax KL for single-label tasks, per-label
@@ -15,6 +16,7 @@ gradients).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,9 +38,9 @@ class TeacherKDOptions:
     ``--temperature`` T, ``--kd-hidden`` the weight of the last-layer hidden-state MSE (0 = off)."""
 
     teacher: str | None = option(None, help="distil from this fine-tuned run/model folder while "
-                                            "pruning and recovering (loss = task + lambda * T^2 * "
-                                            "KL); 'self' = the dense model the run starts from "
-                                            "(after-finetune: the model its dense phase made)")
+                                            "training (loss = task + lambda * T^2 * KL); 'self' = "
+                                            "the model the run starts from (prune --stage "
+                                            "after-finetune: the model its dense phase made)")
     kd_lambda: float | None = option(None, help="weight of the KD term; unset = 4 single-label, 1 "
                                                 "multi-label (as compress distill)")
     temperature: float = option(DEFAULT_TEMPERATURE, help="softmax temperature T of the KD term")
@@ -203,3 +205,79 @@ def answer_agreement(student_preds: dict[str, str], teacher_preds: dict[str, str
     if not teacher_preds:
         return float("nan")
     return sum(student_preds.get(q) == a for q, a in teacher_preds.items()) / len(teacher_preds)
+
+
+def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None):
+    """The frozen teacher of a classification run with ``--teacher`` (prune or finetune) and its
+    folder (None for an in-memory copy).
+
+    ``--teacher self`` is ``dense`` when given (prune after-finetune: the model the dense phase
+    made), else ``--model`` itself, which must then be fine-tuned on the task. Refused in one line
+    when its labels or its tokenizer differ from the student's."""
+    from compress.models import load_classifier, resolve_model
+
+    if cfg.teacher == TEACHER_SELF and dense is not None:
+        teacher = copy.deepcopy(dense)
+        return teacher.eval().requires_grad_(False), None
+    spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
+    teacher, teacher_tok, meta = load_classifier(spec, labels, multilabel=multilabel, strict_labels=True)
+    check_teacher_fits(teacher_tok, tokenizer, meta["label_names"], labels, spec)
+    return teacher.eval().requires_grad_(False), resolve_model(spec)
+
+
+def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds, feats,
+                     multilabel: bool, run) -> dict:
+    """``train`` arguments (feats, collate, loss_fn) that add the teacher's KD term to the loss.
+
+    The teacher's logits over the training set are computed once (cached in the run folder under
+    a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden the
+    teacher runs each step instead, for its hidden states."""
+    from compress.distill.teacher import (
+        CACHE_DIR,
+        cached_logits,
+        teacher_fingerprint,
+        teacher_predict,
+        transfer_key,
+    )
+    from compress.training import make_collate
+
+    lam = cfg.lambda_for(multilabel)
+    if cfg.kd_hidden > 0:
+        return {"feats": feats, "collate": make_collate(tokenizer),
+                "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature, cfg.kd_hidden, teacher)}
+    if torch.cuda.is_available():
+        teacher.to("cuda")
+
+    def compute():
+        return teacher_predict(teacher, tokenizer, train_ds.texts, train_ds.pairs, cfg.max_length,
+                               cfg.eval_batch_size)
+
+    if teacher_dir is None:
+        logits = compute()
+    else:
+        key = transfer_key(teacher_fingerprint(teacher_dir), train_ds.texts, train_ds.pairs, cfg.max_length)
+        logits, _ = cached_logits(run.path / CACHE_DIR / "train.safetensors", key, compute)
+    teacher.to("cpu")
+    return {"feats": attach_teacher_logits(feats, logits),
+            "collate": teacher_logits_collate(make_collate(tokenizer)),
+            "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature)}
+
+
+def teacher_summary(cfg, teacher, model, tokenizer, spec, eval_ds, multilabel: bool) -> dict:
+    """The teacher, its metric on the eval set, and how often the student agrees with it."""
+    import numpy as np
+
+    from compress.metrics import compute_metrics
+    from compress.training import encode, make_collate, predict
+
+    feats = encode(tokenizer, eval_ds, cfg.max_length)
+    collate = make_collate(tokenizer)
+    device = next(model.parameters()).device
+    t_logits = predict(teacher.to(device), feats, collate, cfg.eval_batch_size)
+    s_logits = predict(model, feats, collate, cfg.eval_batch_size)
+    teacher.to("cpu")
+    metrics = compute_metrics(spec.family, t_logits, np.array([f["labels"] for f in feats]))
+    metrics["score"] = metrics[spec.metric]
+    return {"teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(multilabel), "temperature": cfg.temperature,
+            "kd_hidden": cfg.kd_hidden, "teacher_eval": metrics,
+            "agreement_with_teacher": agreement(s_logits, t_logits, multilabel)}

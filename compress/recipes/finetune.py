@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from compress.config import option, to_dict
+from compress.distill.teacher_kd import TeacherKDOptions, load_teacher, teacher_summary, teacher_training
 from compress.errors import UsageError
-from compress.models import load_classifier, save_model
+from compress.models import load_classifier, save_run_model
 from compress.qa.options import QAOptions
 from compress.recipes.qa import eval_qa, finetune_qa
 from compress.recipes.retrieval import eval_reqa, finetune_reqa
@@ -50,8 +51,10 @@ class TaskDataConfig:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig(TrainConfig, TaskDataConfig, QAOptions):
+class FinetuneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     # QAOptions: --doc-stride, --n-best, --split-by-article, --objective, ... (squad/reqa only).
+    # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden (e.g. a pruned model
+    # recovering from its dense original).
     resume: bool = option(False, help="continue an interrupted run in --out from its last "
                                       "checkpoint (same options; save checkpoints with "
                                       "--checkpoint-every N)")
@@ -63,6 +66,7 @@ class FinetuneConfig(TrainConfig, TaskDataConfig, QAOptions):
     def __post_init__(self):
         TrainConfig.__post_init__(self)
         QAOptions.__post_init__(self)
+        TeacherKDOptions.__post_init__(self)
         for lim in ("train_limit", "eval_limit"):
             v = getattr(self, lim)
             if v is not None and v < 1:
@@ -95,6 +99,7 @@ def evaluate(model, tokenizer, spec: TaskSpec, ds: TextDataset, max_length: int,
 
 
 HookFactory = Callable[[object], list[TrainHook]]
+DISTILLABLE_FAMILIES = ("classification", "multilabel", "qa")  # the families --teacher applies to
 
 
 def run_finetune(cfg: FinetuneConfig, command: str = "finetune",
@@ -109,6 +114,9 @@ def run_finetune(cfg: FinetuneConfig, command: str = "finetune",
     if family not in FINETUNE_FAMILIES:
         known = ", ".join(FINETUNE_FAMILIES)
         raise UsageError(f"task family '{family}' cannot be fine-tuned; known: {known}")
+    if getattr(cfg, "teacher", None) and family not in DISTILLABLE_FAMILIES:
+        raise UsageError(f"--teacher distils classification or span logits; '{cfg.task}' is a {family} "
+                         "task, which does not support it yet (drop --teacher)")
     return FINETUNE_FAMILIES[family](cfg, command, hook_factory, extra_meta)
 
 
@@ -154,6 +162,9 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
     if data["train"].multilabel and tuple(meta.get("label_names") or ()) != tuple(labels):
         init_bias_to_prior(classifier_output_layer(model), data["train"])
+    multilabel = data["train"].multilabel
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
+                            else (None, None))  # refused here, before any folder exists, if unfit
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
     from compress.models import resolve_model
     from compress.pruning.pruner import fine_tuning_hooks
@@ -167,22 +178,25 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
         hooks = start_tracking(run, cfg.report_to, to_dict(cfg), command, hooks)
         t0 = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        result = train(model, tokenizer, feats, cfg, hooks, log=run.log_metrics,
-                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume)
+        kd = {"feats": feats}
+        if teacher is not None:  # L_task + lambda * T^2 * KL(teacher || student)
+            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+        result = train(model, tokenizer, kd.pop("feats"), cfg, hooks, log=run.log_metrics,
+                       checkpoint_dir=run.checkpoint_dir, resume=cfg.resume, **kd)
         train_s = time.time() - t0
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
         new_meta = {"task": spec.name, "label_names": list(labels),
                     "multilabel": data["train"].multilabel, "max_length": cfg.max_length,
                     "base_model": cfg.model, **(extra_meta or {})}
-        save_model(model, tokenizer, run.path / "model", new_meta)
-        for h in hooks:
-            if hasattr(h, "save"):
-                h.save(run.path)
+        save_run_model(run, model, tokenizer, new_meta, hooks)
         summary = {"command": command, "task": spec.name, "model": cfg.model,
                    "train_examples": len(data["train"]), "eval_examples": len(data["eval"]),
                    "steps": result["steps"], "train_seconds": round(train_s, 1),
                    "metric": spec.metric, "eval": metrics}
+        if teacher is not None:
+            summary["distillation"] = teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"],
+                                                      multilabel)
         run.write_summary(summary)
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     if launch_rank()[0] == 0:

@@ -29,11 +29,9 @@ from compress.config import check_range, check_sparsity, option, to_dict
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
     TeacherKDOptions,
-    TeacherLogitsLoss,
-    agreement,
-    attach_teacher_logits,
-    check_teacher_fits,
-    teacher_logits_collate,
+    load_teacher,
+    teacher_summary,
+    teacher_training,
 )
 from compress.errors import DataError, UsageError
 from compress.measure.sparsity import sparsity_report
@@ -292,79 +290,6 @@ def write_masks_and_sparsity(run_path: Path, masks: dict | None) -> dict:
     report = sparsity_report(reloaded, masks or None, pattern)
     write_json(run_path / "sparsity.json", report)
     return report
-
-
-def load_teacher(cfg: PruneConfig, labels, tokenizer, multilabel: bool, dense=None):
-    """The frozen teacher of distillation-aware pruning and its folder (None for an in-memory copy).
-
-    ``--teacher self`` is ``dense`` when given (after-finetune: the model the dense phase made),
-    else ``--model`` itself, which must then be fine-tuned on the task. Refused in one line when
-    its labels or its tokenizer differ from the pruned model's."""
-    if cfg.teacher == TEACHER_SELF and dense is not None:
-        teacher = copy.deepcopy(dense)
-        return teacher.eval().requires_grad_(False), None
-    spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
-    teacher, teacher_tok, meta = load_classifier(spec, labels, multilabel=multilabel, strict_labels=True)
-    check_teacher_fits(teacher_tok, tokenizer, meta["label_names"], labels, spec)
-    return teacher.eval().requires_grad_(False), resolve_model(spec)
-
-
-def teacher_training(cfg: PruneConfig, teacher, teacher_dir: str | None, tokenizer, train_ds, feats,
-                     multilabel: bool, run: RunDir) -> dict:
-    """``train`` arguments (feats, collate, loss_fn) that add the teacher's KD term to the loss.
-
-    The teacher's logits over the training set are computed once (cached in the run folder under
-    a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden the
-    teacher runs each step instead, for its hidden states."""
-    from compress.distill.teacher import (
-        CACHE_DIR,
-        cached_logits,
-        teacher_fingerprint,
-        teacher_predict,
-        transfer_key,
-    )
-    from compress.training import make_collate
-
-    lam = cfg.lambda_for(multilabel)
-    if cfg.kd_hidden > 0:
-        return {"feats": feats, "collate": make_collate(tokenizer),
-                "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature, cfg.kd_hidden, teacher)}
-    if torch.cuda.is_available():
-        teacher.to("cuda")
-
-    def compute():
-        return teacher_predict(teacher, tokenizer, train_ds.texts, train_ds.pairs, cfg.max_length,
-                               cfg.eval_batch_size)
-
-    if teacher_dir is None:
-        logits = compute()
-    else:
-        key = transfer_key(teacher_fingerprint(teacher_dir), train_ds.texts, train_ds.pairs, cfg.max_length)
-        logits, _ = cached_logits(run.path / CACHE_DIR / "train.safetensors", key, compute)
-    teacher.to("cpu")
-    return {"feats": attach_teacher_logits(feats, logits),
-            "collate": teacher_logits_collate(make_collate(tokenizer)),
-            "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature)}
-
-
-def teacher_summary(cfg: PruneConfig, teacher, model, tokenizer, spec, eval_ds, multilabel: bool) -> dict:
-    """The teacher, its metric on the eval set, and how often the pruned model agrees with it."""
-    import numpy as np
-
-    from compress.metrics import compute_metrics
-    from compress.training import make_collate, predict
-
-    feats = encode(tokenizer, eval_ds, cfg.max_length)
-    collate = make_collate(tokenizer)
-    device = next(model.parameters()).device
-    t_logits = predict(teacher.to(device), feats, collate, cfg.eval_batch_size)
-    s_logits = predict(model, feats, collate, cfg.eval_batch_size)
-    teacher.to("cpu")
-    metrics = compute_metrics(spec.family, t_logits, np.array([f["labels"] for f in feats]))
-    metrics["score"] = metrics[spec.metric]
-    return {"teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(multilabel), "temperature": cfg.temperature,
-            "kd_hidden": cfg.kd_hidden, "teacher_eval": metrics,
-            "agreement_with_teacher": agreement(s_logits, t_logits, multilabel)}
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -631,9 +556,6 @@ class _FinalizeAndWrite(TrainHook):
 
 def prune_finetune_workflow(cfg: PruneConfig, family: str) -> Path:
     """squad / reqa: the task's own fine-tuning workflow (``run_finetune``) with the pruning hook."""
-    if cfg.teacher and family != "qa":
-        raise UsageError(f"--teacher distils classification or span logits; '{cfg.task}' is a {family} "
-                         "task, which does not support it yet (drop --teacher)")
     if cfg.structured:
         raise UsageError(f"--structured supports classification tasks; '{cfg.task}' is a {family} task "
                          "(leave --structured unset)")

@@ -28,7 +28,7 @@ from compress.models import (
     match_tokenizer_inputs,
     read_meta,
     resolve_model,
-    save_model,
+    save_run_model,
 )
 from compress.pruning.pruner import fine_tuning_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
@@ -159,10 +159,7 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
                 "doc_stride": doc_stride, "n_best": cfg.n_best,
                 "max_answer_length": cfg.max_answer_length, "base_model": cfg.model,
                 "objective": cfg.objective, **(extra_meta or {})}
-        save_model(model, tokenizer, run.path / "model", meta)
-        for h in hooks:
-            if hasattr(h, "save"):
-                h.save(run.path)
+        save_run_model(run, model, tokenizer, meta, hooks)
         (run.path / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n", encoding="utf-8")
         summary = {"command": command, "task": spec.name, "model": cfg.model, "objective": cfg.objective,
                    "train_questions": len(data["train"]), "train_windows": len(feats),
@@ -180,8 +177,9 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
                 "agreement_with_teacher": answer_agreement(preds, t_preds)}
         run.write_summary(summary)
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
-    print(f"{spec.name}: EM = {metrics['exact_match']:.2f}, F1 = {metrics['f1']:.2f} on "
-          f"{metrics['n']} questions ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
+    if run.rank == 0:  # one line per run, not one per process
+        print(f"{spec.name}: EM = {metrics['exact_match']:.2f}, F1 = {metrics['f1']:.2f} on "
+              f"{metrics['n']} questions ({result['steps']} steps, {train_s:.0f}s) -> {run.path}")
     return run.path
 
 

@@ -14,7 +14,7 @@ import torch
 
 from compress.config import to_dict
 from compress.errors import DataError, UsageError
-from compress.models import resolve_model, save_model
+from compress.models import resolve_model, save_run_model
 from compress.pruning.pruner import fine_tuning_hooks
 from compress.retrieval.bm25 import bm25_order
 from compress.retrieval.dual_encoder import (
@@ -85,10 +85,7 @@ def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, comman
         meta = {"task": REQA_TASK, "head": "dual-encoder", "pooling": "mean", "normalize": True,
                 "max_length": cfg.max_length, "scale": cfg.retrieval_scale, "base_model": cfg.model,
                 **(extra_meta or {})}
-        save_model(model.encoder, tokenizer, run.path / "model", meta)
-        for h in hooks:
-            if hasattr(h, "save"):
-                h.save(run.path)
+        save_run_model(run, model.encoder, tokenizer, meta, hooks)
         if extra_files:
             extra_files(run.path)
         summary = {"command": command, "task": REQA_TASK, "model": cfg.model,
@@ -98,8 +95,9 @@ def train_and_save_dual_encoder(cfg, data: dict[str, ReQADataset], pairs, comman
                    "train_seconds": round(train_s, 1), "metric": "mrr",
                    "eval": {**de, "score": de["mrr"]}, "bm25": bm, **(extra_summary or {})}
         run.write_summary(summary)
-    print(f"reqa dual encoder: {_fmt(de)} on {de['n']} questions / {len(data['dev'].sentences)} "
-          f"sentences (BM25: {_fmt(bm)}) -> {run.path}")
+    if run.rank == 0:  # one line per run, not one per process
+        print(f"reqa dual encoder: {_fmt(de)} on {de['n']} questions / {len(data['dev'].sentences)} "
+              f"sentences (BM25: {_fmt(bm)}) -> {run.path}")
     return run.path
 
 

@@ -162,3 +162,80 @@ def test_cli_prune_with_teacher_on_two_processes(tiny_classifier, tmp_path):  # 
     check = subprocess.run([sys.executable, "-m", "compress", "verify", str(tmp_path / "two")],
                            capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert check.returncode == 0, check.stderr
+
+
+def test_cli_squad_prune_with_teacher_on_two_processes(tiny_bert, tmp_path):
+    """Distillation-aware pruning on squad under DDP: KD on the start/end logits each step (the
+    teacher runs on every rank's batch), masks checked across ranks each step, rank 0 alone writes
+    the run, and its EM/F1 (scored over every eval window) are the ones a one-process
+    ``compress eval`` of the saved model gives."""
+    from safetensors.torch import load_file
+
+    from tests.conftest import run_cli, write_tiny_squad
+
+    (tmp_path / "data").mkdir()
+    data = write_tiny_squad(tmp_path / "data", n_articles=5)
+    qa = ["--task", "squad", "--data-dir", str(data), "--split-by-article", "4/1", "--max-length", "48",
+          "--doc-stride", "16"]
+    teacher = tmp_path / "teacher"
+    r = run_cli("finetune", "--model", str(tiny_bert), *qa, "--seed", "7", "--max-steps", "3",
+                "--batch-size", "8", "--out", str(teacher))
+    assert r.returncode == 0, r.stderr
+    before = load_file(str(teacher / "model" / "model.safetensors"))
+
+    out = tmp_path / "two"
+    prune = ["prune", "--model", str(teacher), *qa, "--seed", "7", "--teacher", "self", "--sparsity", "0.5",
+             "--max-steps", "4", "--batch-size", "4", "--log-every", "1", "--rank-check-every", "1"]
+    r = _launch_cli(["-m", "compress"], [*prune, "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "teacher", "two"]  # no rank scratch
+    assert r.stdout.count("squad: EM =") == 1  # one rank reports the run
+
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    kd = [x["kd_loss"] for x in logged if "kd_loss" in x]
+    assert len(kd) == 4 and all(v >= 0 and v == v for v in kd)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4
+    assert summary["distillation"]["teacher"] == "self"
+    assert set(summary["distillation"]["teacher_eval"]) >= {"exact_match", "f1"}
+    sp = json.loads((out / "sparsity.json").read_text())
+    assert all(abs(m["sparsity"] - 0.5) <= 0.005 for m in sp["matrices"].values())
+
+    again = run_cli("eval", "--model", str(out / "model"), *qa, "--out", str(tmp_path / "ev"))
+    assert again.returncode == 0, again.stderr
+    ev = json.loads((tmp_path / "ev" / "summary.json").read_text())["eval"]
+    assert ev["windows"] == summary["eval"]["windows"]
+    assert (ev["exact_match"], ev["f1"]) == (summary["eval"]["exact_match"], summary["eval"]["f1"])
+    assert run_cli("verify", str(out)).returncode == 0
+    after = load_file(str(teacher / "model" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the teacher is never updated
+
+
+def test_cli_finetune_of_a_pruned_model_with_a_teacher_on_two_processes(tiny_classifier, tmp_path):  # noqa: F811
+    """A pruned model recovering from a teacher under DDP: the kept masks are checked across ranks
+    each step, and rank 0 alone writes the model, the masks and the summary (another rank cannot
+    read back a model folder that ``save_pretrained`` wrote on rank 0 only)."""
+    from safetensors.torch import load_file
+
+    from tests.conftest import run_cli
+
+    pruned = tmp_path / "pruned"
+    r = run_cli("prune", "--model", str(tiny_classifier), "--stage", "after-finetune",
+                "--schedule", "oneshot", "--sparsity", "0.5", "--max-steps", "2", "--recovery-steps", "1",
+                "--max-length", "24", "--out", str(pruned))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "two"
+    args = ["finetune", "--model", str(pruned), "--teacher", str(tiny_classifier), "--max-steps", "4",
+            "--batch-size", "4", "--max-length", "24", "--log-every", "1", "--rank-check-every", "1",
+            "--seed", "3", "--out", str(out)]
+    r = _launch_cli(["-m", "compress"], args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pruned", "two"]  # no rank scratch left
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["distillation"]["teacher"] == str(tiny_classifier)
+    w = load_file(str(out / "model" / "model.safetensors"))
+    masks = load_file(str(out / "model" / "masks.safetensors"))
+    assert masks.keys() == load_file(str(pruned / "model" / "masks.safetensors")).keys()
+    for name, m in masks.items():
+        assert torch.equal(w["bert." + name] == 0, ~m.bool()), name
+    assert run_cli("verify", str(out)).returncode == 0
