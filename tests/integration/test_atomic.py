@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-import compress.recipes.finetune
+import compress.models
 from compress.cli.main import main
 from compress.runs import RunDir
 from tests.integration.test_resume import tiny_classifier  # noqa: F401 - fixture
@@ -56,14 +56,14 @@ def test_ctrl_c_after_a_checkpoint_keeps_it_and_resume_completes(tiny_classifier
 
 
 def _failing_save(monkeypatch):
-    real = compress.recipes.finetune.save_model
+    real = compress.models.save_model  # what the training workflows save through (save_run_model)
 
     def save_then_disk_full(model, tokenizer, folder, meta):
         real(model, tokenizer, folder, meta)
         (folder / "model.safetensors").write_bytes(b"\0" * 10)  # a torn file
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "model.safetensors"))
 
-    monkeypatch.setattr(compress.recipes.finetune, "save_model", save_then_disk_full)
+    monkeypatch.setattr(compress.models, "save_model", save_then_disk_full)
 
 
 def test_disk_full_while_saving_the_model_leaves_no_run_folder(tiny_classifier, tmp_path,  # noqa: F811
