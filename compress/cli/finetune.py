@@ -8,7 +8,7 @@ EXAMPLES = """examples:
   compress finetune --task reuters --data-dir ../shared/data --max-length 256 --lr 1e-4
   compress finetune --task csv --data-dir mydata --text-column review --label-column stars
   compress finetune --model artifacts/prune/RUN --teacher artifacts/finetune/DENSE --task sst2 ...
-                                                      # recover a pruned model by distilling from the dense one
+                                          # a pruned model recovers by distilling from the dense one
 """
 
 
