@@ -262,7 +262,7 @@ def save_run_model(run, model, tokenizer, meta: dict[str, Any], hooks=()) -> Non
     adds to it (masks, pruning metadata). In a multi-process launch rank 0 alone writes them:
     ``save_pretrained`` writes the weights on rank 0 only, so another rank's folder could not be
     read back, and every rank holds the same weights and masks."""
-    if getattr(run, "rank", 0) > 0:
+    if run.rank > 0:
         return
     save_model(model, tokenizer, run.path / "model", meta)
     for h in hooks:

@@ -227,7 +227,8 @@ def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None):
 
 def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds, feats,
                      multilabel: bool, run) -> dict:
-    """``train`` arguments (feats, collate, loss_fn) that add the teacher's KD term to the loss.
+    """``train`` arguments (feats, collate, loss_fn) that add the teacher's KD term to the loss;
+    without a teacher (``teacher`` None) just ``{"feats": feats}``, plain training.
 
     The teacher's logits over the training set are computed once (cached in the run folder under
     a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden the
@@ -241,6 +242,8 @@ def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds,
     )
     from compress.training import make_collate
 
+    if teacher is None:
+        return {"feats": feats}
     lam = cfg.lambda_for(multilabel)
     if cfg.kd_hidden > 0:
         return {"feats": feats, "collate": make_collate(tokenizer),

@@ -159,10 +159,10 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
     set_seed(cfg.seed)  # the fresh task head is initialised from the global RNG
-    model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=data["train"].multilabel)
-    if data["train"].multilabel and tuple(meta.get("label_names") or ()) != tuple(labels):
-        init_bias_to_prior(classifier_output_layer(model), data["train"])
     multilabel = data["train"].multilabel
+    model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=multilabel)
+    if multilabel and tuple(meta.get("label_names") or ()) != tuple(labels):
+        init_bias_to_prior(classifier_output_layer(model), data["train"])
     teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
                             else (None, None))  # refused here, before any folder exists, if unfit
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
@@ -178,16 +178,14 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
         hooks = start_tracking(run, cfg.report_to, to_dict(cfg), command, hooks)
         t0 = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        kd = {"feats": feats}
-        if teacher is not None:  # L_task + lambda * T^2 * KL(teacher || student)
-            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+        kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
         result = train(model, tokenizer, kd.pop("feats"), cfg, hooks, log=run.log_metrics,
                        checkpoint_dir=run.checkpoint_dir, resume=cfg.resume, **kd)
         train_s = time.time() - t0
         metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
         new_meta = {"task": spec.name, "label_names": list(labels),
-                    "multilabel": data["train"].multilabel, "max_length": cfg.max_length,
+                    "multilabel": multilabel, "max_length": cfg.max_length,
                     "base_model": cfg.model, **(extra_meta or {})}
         save_run_model(run, model, tokenizer, new_meta, hooks)
         summary = {"command": command, "task": spec.name, "model": cfg.model,

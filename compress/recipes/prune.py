@@ -329,9 +329,7 @@ def prune_finetune(cfg: PruneConfig) -> Path:
         t0 = time.time()
         structured = run_structured(model, cfg) if cfg.structured else None
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        kd = {"feats": feats}
-        if teacher is not None:
-            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+        kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
         result = train(model, tokenizer, kd.pop("feats"), cfg, hooks, log=run.log_metrics,
                        checkpoint_dir=run.checkpoint_dir, resume=cfg.resume, **kd)
         masks = pruner.finalize() if pruner else None
@@ -406,9 +404,7 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
             before_recovery = pruned["eval"]
         # Phase 2, recovery with the masks (and the teacher's KD term, with --teacher).
         recover_cfg = replace(cfg, max_steps=n_recover)
-        kd = {"feats": feats}
-        if teacher is not None:
-            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+        kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
         rec = train(model, tokenizer, kd.pop("feats"), recover_cfg, hooks,
                     log=lambda r: run.log_metrics({"phase": "recovery", **r}),
                     checkpoint_dir=run.phase_checkpoint_dir("recovery"), resume=cfg.resume, **kd)
