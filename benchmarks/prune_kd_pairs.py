@@ -9,7 +9,7 @@ score.
 
     python benchmarks/prune_kd_pairs.py --teacher artifacts/kd-prune/teacher --task sst2 \
         --data-dir ../shared/data --train-limit 20000 --cells u60,u80,s40 --seeds 42 \
-        --extra-seeds-cell u60 --extra-seeds 1,2
+        --extra-seeds-cell u60 --extra-seeds 1,2 --runs-dir artifacts/kd-prune/runs-20k
 """
 
 from __future__ import annotations
@@ -45,13 +45,17 @@ def main() -> int:
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--extra-seeds-cell", default="u60", help="the cell that gets --extra-seeds too")
     ap.add_argument("--extra-seeds", default="", help="seeds run after every cell's --seeds")
+    ap.add_argument("--runs-dir", default=None,
+                    help="where the pruned runs go (default artifacts/kd-prune/runs); a run whose "
+                         "folder already has a summary.json is read, not rerun, so give each "
+                         "budget its own folder")
     ap.add_argument("--out", default=None,
                     help="JSON path (default artifacts/benchmarks/prune_kd_pairs.json)")
     args = ap.parse_args()
 
     out = Path(args.out) if args.out else artifacts_root() / "benchmarks" / "prune_kd_pairs.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs_dir = artifacts_root() / "kd-prune" / "runs"
+    runs_dir = Path(args.runs_dir) if args.runs_dir else artifacts_root() / "kd-prune" / "runs"
     teacher_summary = json.loads((Path(args.teacher) / "summary.json").read_text())
     dense = teacher_summary["eval"]["score"]
     plan = [(c, int(s)) for s in args.seeds.split(",") for c in args.cells.split(",")]
@@ -77,6 +81,7 @@ def main() -> int:
             s = json.loads((folder / "summary.json").read_text())
             result["runs"].append({"cell": cell, "kd": kd, "seed": seed, "score": s["eval"]["score"],
                                    "drop_vs_dense": dense - s["eval"]["score"], "wall_s": wall,
+                                   "train_seconds": s.get("train_seconds"),
                                    "sparsity": s["sparsity"], "distillation": s.get("distillation"),
                                    "run": str(folder)})
             comparisons = {}
