@@ -187,3 +187,18 @@ def tiny_encoder(tmp_path_factory):
         return built[arch]
 
     return make
+
+
+def write_tiny_reuters(folder: Path, n_train: int = 24, n_test: int = 8) -> Path:
+    """A ModApte-layout SGML file with three labels (one or two per document)."""
+    topics = [("grain",), ("wheat", "grain"), ("corn",)]
+    docs = []
+    for i in range(n_train + n_test):
+        split = "TRAIN" if i < n_train else "TEST"
+        tags = "".join(f"<D>{t}</D>" for t in topics[i % 3])
+        docs.append(f'<REUTERS TOPICS="YES" LEWISSPLIT="{split}" NEWID="{i + 1}"><TOPICS>{tags}</TOPICS>'
+                    f"<TEXT><TITLE>{' '.join(topics[i % 3])} news {i}</TITLE>"
+                    f"<BODY>Prices of {topics[i % 3][0]} moved today.</BODY></TEXT></REUTERS>")
+    (folder / "reuters21578").mkdir(parents=True)
+    (folder / "reuters21578" / "reut2-000.sgm").write_text("\n".join(docs) + "\n")
+    return folder

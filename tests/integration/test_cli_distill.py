@@ -10,7 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import kill_at_first_checkpoint, run_cli, skip_without_tagger_data, write_tiny_squad
+from tests.conftest import (
+    kill_at_first_checkpoint,
+    run_cli,
+    skip_without_tagger_data,
+    write_tiny_reuters,
+    write_tiny_squad,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +101,10 @@ def test_logreg_idf_is_fitted_on_the_augmented_transfer_set(teacher_run, tmp_pat
     assert idf["kd"][tok.cls_token_id] == 0 and idf["kd"][tok.sep_token_id] == 0  # these stay out
 
 
-def _write_reuters(folder, n_train: int = 24, n_test: int = 8):
-    """A ModApte-layout SGML file with three labels (one or two per document)."""
-    topics = [("grain",), ("wheat", "grain"), ("corn",)]
-    docs = []
-    for i in range(n_train + n_test):
-        split = "TRAIN" if i < n_train else "TEST"
-        tags = "".join(f"<D>{t}</D>" for t in topics[i % 3])
-        docs.append(f'<REUTERS TOPICS="YES" LEWISSPLIT="{split}" NEWID="{i + 1}"><TOPICS>{tags}</TOPICS>'
-                    f"<TEXT><TITLE>{' '.join(topics[i % 3])} news {i}</TITLE>"
-                    f"<BODY>Prices of {topics[i % 3][0]} moved today.</BODY></TEXT></REUTERS>")
-    (folder / "reuters21578").mkdir(parents=True)
-    (folder / "reuters21578" / "reut2-000.sgm").write_text("\n".join(docs) + "\n")
-    return folder
-
-
 def test_multilabel_distill_end_to_end_with_its_own_defaults(tiny_bert, tmp_path):
     """A multi-label teacher and the linear student: micro-F1, lambda 1, and the logreg
     student's multi-label lr and per-label L2 (2e-6 / 3 labels) recorded in summary.json."""
-    data = _write_reuters(tmp_path / "data")
+    data = write_tiny_reuters(tmp_path / "data")
     teacher = tmp_path / "teacher"
     r = run_cli("finetune", "--model", str(tiny_bert), "--task", "reuters", "--data-dir", str(data),
                 "--max-steps", "2", "--batch-size", "8", "--max-length", "32", "--out", str(teacher))

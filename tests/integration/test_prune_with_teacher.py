@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from compress.cli.main import main
-from tests.conftest import write_tiny_squad
+from tests.conftest import write_tiny_reuters, write_tiny_squad
 
 FAST = ["--batch-size", "16", "--max-length", "32", "--log-every", "1", "--seed", "5"]
 
@@ -77,6 +77,32 @@ def test_structured_pruning_with_a_teacher(tiny_bert, teacher, tmp_path):
     assert main(["prune", "--model", str(tiny_bert), "--structured", "heads,ffn", "--sparsity", "0.5",
                  "--max-steps", "4", *FAST, "--teacher", str(teacher), "--out", str(out)]) == 0
     assert json.loads((out / "summary.json").read_text())["distillation"]["kd_lambda"] == 4.0
+
+
+def test_multilabel_pruning_with_a_teacher(tiny_bert, tmp_path):
+    """Reuters (multi-label): the teacher's sigmoid outputs are the targets (Bernoulli KL, lambda 1
+    by default as in distill), the logged loss is task + KD, masks hold, the teacher is unchanged."""
+    data = write_tiny_reuters(tmp_path / "data")
+    task = ["--task", "reuters", "--data-dir", str(data), *FAST]
+    dense = tmp_path / "dense"
+    assert main(["finetune", "--model", str(tiny_bert), *task, "--max-steps", "3", "--lr", "1e-3",
+                 "--out", str(dense)]) == 0
+    before = _weights(dense)
+    out = tmp_path / "kd"
+    assert main(["prune", "--model", str(dense), *task, "--sparsity", "0.5", "--max-steps", "4",
+                 "--teacher", "self", "--out", str(out)]) == 0
+    d = json.loads((out / "summary.json").read_text())["distillation"]
+    assert d["kd_lambda"] == 1.0 and "micro_f1" in d["teacher_eval"]
+    assert 0.0 <= d["agreement_with_teacher"] <= 1.0
+    losses = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert len(losses) == 4 and all(r["kd_loss"] >= 0 for r in losses)
+    for r in losses:
+        assert r["loss"] == pytest.approx(r["task_loss"] + 1.0 * r["kd_loss"], rel=1e-5)
+    w, masks = _weights(out), load_file(str(out / "model" / "masks.safetensors"))
+    for name, m in masks.items():
+        assert torch.equal(w["bert." + name] == 0, ~m.bool()), name
+    after = _weights(dense)
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_a_teacher_with_other_labels_or_another_tokenizer_is_refused(tiny_bert, teacher, tiny_encoder,
