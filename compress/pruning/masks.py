@@ -83,33 +83,10 @@ SCOPES: dict[str, Callable[[dict[str, torch.Tensor], float], dict[str, torch.Ten
 }
 
 
-def magnitude_scores(weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """|w|: the smallest weights go first (Gordon et al. 2020, after Han et al. 2015)."""
-    return weight.detach().abs().float()
-
-
-def random_scores(weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Uniform noise from a seeded CPU generator: the paper's random-pruning control."""
-    return torch.rand(weight.shape, generator=generator, dtype=torch.float32).to(weight.device)
-
-
-# criterion name -> function(weight, seeded generator) -> scores shaped like the weight
-CRITERIA: dict[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = {
-    "magnitude": magnitude_scores,
-    "random": random_scores,
-}
-
-
 def get_scope(name: str):
     if name not in SCOPES:
         raise UsageError(f"unknown scope '{name}'; choose one of: {', '.join(SCOPES)}")
     return SCOPES[name]
-
-
-def get_criterion(name: str):
-    if name not in CRITERIA:
-        raise UsageError(f"unknown criterion '{name}'; choose one of: {', '.join(CRITERIA)}")
-    return CRITERIA[name]
 
 
 # ------------------------------------------------------------------------ N:M semi-structured

@@ -15,8 +15,9 @@ import torch
 
 from compress.distributed import assert_same_across_ranks, tensor_checksum
 from compress.errors import IntegrityError, UsageError
+from compress.pruning.criteria import weight_only
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, save_masks
-from compress.pruning.masks import NMPattern, get_criterion, get_scope
+from compress.pruning.masks import NMPattern, get_scope
 from compress.pruning.schedules import Schedule
 from compress.pruning.targets import named_weights
 from compress.training import TrainHook
@@ -78,7 +79,7 @@ class MagnitudePruner:
         self.params = dict(sorted(params.items()))
         self.schedule = schedule
         self.criterion_name, self.scope_name = criterion, scope
-        self._criterion = get_criterion(criterion)
+        self._criterion = weight_only(criterion).score
         self._scope = get_scope(scope)
         self.pattern = pattern
         if pattern is not None:
@@ -107,7 +108,7 @@ class MagnitudePruner:
             # Drawn once in sorted-name order from one seeded generator: the same on every rank,
             # and nested across gradual steps.
             g = torch.Generator().manual_seed(self.seed)
-            self._fixed_scores = {n: self._criterion(p, g) for n, p in self.params.items()}
+            self._fixed_scores = {n: self._criterion(p, None, g) for n, p in self.params.items()}
         self.phase = "active"
         if self.schedule.is_prune_step(0):
             self._prune(0)
@@ -170,7 +171,8 @@ class MagnitudePruner:
             g = torch.Generator().manual_seed(self.seed)
             scores = {}
             for n, p in self.params.items():
-                s = self._fixed_scores[n].clone() if self._fixed_scores is not None else self._criterion(p, g)
+                s = (self._fixed_scores[n].clone() if self._fixed_scores is not None
+                     else self._criterion(p, None, g))
                 scores[n] = s.masked_fill_(self._pruned[n], float("-inf"))  # pruned go first: nested
             new = self._scope(scores, target)
             self.masks = {n: new[n].to(self.masks[n].device) & self.masks[n] for n in self.params}
@@ -203,9 +205,9 @@ def check_pattern_fits(pattern: NMPattern, params: dict[str, torch.Tensor], crit
     """UsageError in one line when an N:M pattern cannot prune ``params`` as asked: another criterion
     or scope, a final sparsity other than N/M, or a matrix whose input (last) dimension is not a
     multiple of M (the first such matrix named)."""
-    if criterion != "magnitude":
-        raise UsageError(f"--pattern {pattern} prunes the lowest |w| of each group; drop --criterion "
-                         f"'{criterion}'")
+    if criterion == "random":
+        raise UsageError(f"--pattern {pattern} prunes the lowest-scoring weights of each group; drop "
+                         f"--criterion '{criterion}' (magnitude, wanda or sparsegpt)")
     if scope != "local":
         raise UsageError(f"--pattern {pattern} prunes every group of every matrix alike (no threshold "
                          f"across matrices); drop --scope '{scope}'")

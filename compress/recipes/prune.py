@@ -42,6 +42,7 @@ from compress.models import (
     resolve_model,
     save_model,
 )
+from compress.pruning.criteria import CRITERIA, get_criterion
 from compress.pruning.integrity import (
     MASKS_FILE,
     check_masks,
@@ -51,7 +52,7 @@ from compress.pruning.integrity import (
     recorded_pattern,
     save_masks,
 )
-from compress.pruning.masks import CRITERIA, SCOPES, NMPattern, get_criterion, get_scope
+from compress.pruning.masks import SCOPES, NMPattern, get_scope
 from compress.pruning.pruner import (
     MagnitudePruner,
     PruningHook,
@@ -76,7 +77,9 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     sparsity: float = option(0.4, help="fraction of the pruned matrices' weights set to zero, in "
                                        "[0, 1)")
     criterion: str = option("magnitude", choices=lambda: tuple(CRITERIA),
-                            help="magnitude (smallest |w| first) or random (the paper's control)")
+                            help="magnitude (smallest |w| first), random (the paper's control); "
+                                 "post-training also: wanda (|w| x input norm) and sparsegpt "
+                                 "(layer-wise reconstruction), both calibrated on training data")
     scope: str = option("local", choices=lambda: tuple(SCOPES),
                         help="local (one threshold per matrix, the paper's default) or global (one "
                              "over all)")
@@ -85,7 +88,9 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                 "(t - t0)/span)^3)")
     stage: str = option("finetune", choices=lambda: tuple(STAGES),
                         help="pretrain (masked LM on --corpus), finetune (prune while "
-                             "fine-tuning), after-finetune")
+                             "fine-tuning), after-finetune (fine-tune dense, then prune), "
+                             "post-training (prune a fine-tuned --model once, from calibration "
+                             "data; --recovery-steps N to train after)")
     prune_steps: int | None = option(None, help="steps over which gradual pruning ramps up; unset = "
                                                 "the first half of training")
     prune_every: int | None = option(None, help="recompute masks every N steps while ramping; unset "
@@ -99,7 +104,12 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                                "re:REGEX")
     recovery_steps: int | None = option(None, help="after-finetune: training steps with masks after "
                                                    "pruning; unset = as many as the dense "
-                                                   "fine-tuning")
+                                                   "fine-tuning. post-training: unset = none")
+    calibration_samples: int = option(512, help="post-training: training examples (never the dev "
+                                                "split) run through the model to choose the masks")
+    calibration_data: str | None = option(None, help="post-training: calibrate on this text file, or "
+                                                     "folder of .txt files, one text per line, "
+                                                     "instead of the training split")
     corpus: tuple[str, ...] = option((), help="pretrain: text file(s), comma-separated, or a folder "
                                               "of .txt/.raw/.tokens files")
     mlm_probability: float = option(0.15, help="pretrain: fraction of tokens masked (80% [MASK], "
@@ -150,8 +160,10 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         check_range("schedule_power", self.schedule_power, 0, None, lo_open=True)
         check_range("mlm_probability", self.mlm_probability, 0, 1, lo_open=True, hi_open=True)
         check_range("heldout_fraction", self.heldout_fraction, 0, 0.5, lo_open=True)
-        if self.recovery_steps is not None and self.stage != "after-finetune":
-            raise UsageError("--recovery-steps applies to --stage after-finetune only")
+        if self.recovery_steps is not None and self.stage not in ("after-finetune", "post-training"):
+            raise UsageError("--recovery-steps applies to --stage after-finetune and post-training only")
+        check_range("calibration_samples", self.calibration_samples, 1)
+        self._check_calibration()
         if self.corpus and self.stage != "pretrain":
             raise UsageError("--corpus applies to --stage pretrain only")
         if self.structured and self.criterion != "magnitude":
@@ -160,6 +172,27 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if self.resume and self.out is None:  # checked here too, before any data or model is loaded
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
+
+    def _check_calibration(self) -> None:
+        """Data-aware criteria prune once, from calibration data, in the post-training stage; the
+        calibration and schedule flags apply there only as far as they make sense."""
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        if get_criterion(self.criterion).data_aware and self.stage != "post-training":
+            raise UsageError(f"--criterion {self.criterion} chooses the masks from calibration data, "
+                             "once: use --stage post-training on a fine-tuned --model (add "
+                             "--recovery-steps N to train after)")
+        if self.stage != "post-training":
+            for name in ("calibration_samples", "calibration_data"):
+                if getattr(self, name) != default[name]:
+                    raise UsageError(f"--{name.replace('_', '-')} applies to --stage post-training only")
+            return
+        for name in ("prune_steps", "prune_every", "prune_start", "initial_sparsity", "schedule_power"):
+            if getattr(self, name) != default[name]:
+                raise UsageError(f"--stage post-training prunes once, before any training; drop "
+                                 f"--{name.replace('_', '-')}")
+        if self.resume:
+            raise UsageError("--stage post-training runs in minutes and does not resume; run it again "
+                             "without --resume")
 
     def _check_pattern(self) -> None:
         """N:M pruning is per matrix, by magnitude, at sparsity N/M: the default sparsity becomes
@@ -515,7 +548,95 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     return run.path
 
 
-STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune}
+def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict]) -> list[dict]:
+    """The calibration set, batched: ``--calibration-samples`` training examples drawn with
+    ``--seed`` (the dev split is never read here), or the lines of ``--calibration-data``."""
+    from compress.pruning.calibration import calibration_sample
+    from compress.pruning.mlm import read_corpus
+    from compress.training import make_collate
+
+    if cfg.calibration_data is not None:
+        lines = read_corpus((cfg.calibration_data,))
+        enc = tokenizer(lines, truncation=True, max_length=cfg.max_length)
+        feats = [{**{k: enc[k][i] for k in enc.keys()}, "labels": 0} for i in range(len(lines))]
+    chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
+    collate = make_collate(tokenizer)
+    return [collate(chosen[i:i + cfg.batch_size]) for i in range(0, len(chosen), cfg.batch_size)]
+
+
+def prune_post_training(cfg: PruneConfig) -> Path:
+    """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
+    (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
+    train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self)."""
+    from compress.pruning.calibration import prune_calibrated
+    from compress.pruning.pruner import KeepMasksHook
+
+    spec, data = load_task_data(cfg)
+    labels = data["train"].label_names
+    multilabel = data["train"].multilabel
+    set_seed(cfg.seed)
+    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel, strict_labels=True)
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
+                            else (None, None))
+    pattern = NMPattern.parse(cfg.pattern) if cfg.pattern else None
+    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude)
+    if pattern is not None:
+        check_pattern_fits(pattern, targets, cfg.criterion, cfg.scope, cfg.sparsity)
+    initial = {}
+    model_dir = resolve_model(cfg.model)
+    if (Path(model_dir) / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
+        initial, _ = matching_masks(model, load_masks(Path(model_dir) / MASKS_FILE))
+    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+        feats = encode(tokenizer, data["train"], cfg.max_length)
+        batches = calibration_batches(cfg, tokenizer, feats)
+
+        def score() -> dict:
+            return evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+
+        dense = score()
+        run.log_metrics({"phase": "dense", "eval": dense})
+        masks, calibration, structured = None, None, None
+        if cfg.structured:
+            structured = run_structured(model, cfg)
+        else:
+            masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity,
+                                                  cfg.scope, pattern, initial, seed=cfg.seed)
+            write_json(run.path / "calibration.json", calibration)
+        prune_seconds = round(time.time() - t0, 1)
+        pruned = score()
+        run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
+        metrics, steps = pruned, 0
+        if cfg.recovery_steps:
+            hooks = [KeepMasksHook(model, masks, {})] if masks else []
+            hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
+            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+            steps = train(model, tokenizer, kd.pop("feats"), replace(cfg, max_steps=cfg.recovery_steps),
+                          hooks, log=lambda r: run.log_metrics({"phase": "recovery", **r}),
+                          checkpoint_dir=run.checkpoint_dir, **kd)["steps"]
+            metrics = score()
+            run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
+        distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
+                   if teacher is not None and cfg.recovery_steps else None)
+        meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
+                "max_length": cfg.max_length, "base_model": cfg.model,
+                "pruning": {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
+                            **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}}
+        save_pruned(run, model, tokenizer, masks, meta, {
+            "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
+            "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": prune_seconds,
+            "train_seconds": round(time.time() - t0, 1), "metric": spec.metric,
+            "eval_dense": dense, "eval_pruned_before_recovery": pruned, "eval": metrics,
+            "structured": structured, "distillation": distill,
+            "calibration": {k: v for k, v in (calibration or {}).items() if k != "matrices"} or None})
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    return run.path
+
+
+STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune,
+          "post-training": prune_post_training}
 
 
 def run_prune(cfg: PruneConfig) -> Path:

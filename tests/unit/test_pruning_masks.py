@@ -8,15 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compress.errors import UsageError
+from compress.pruning.criteria import CRITERIA, get_criterion, random_scores
 from compress.pruning.masks import (
-    CRITERIA,
     SCOPES,
-    get_criterion,
     get_scope,
     global_masks,
     local_masks,
     mask_from_scores,
-    random_scores,
 )
 
 
@@ -58,10 +56,10 @@ def test_global_ties_break_by_name_then_index():
 
 def test_random_criterion_same_count_different_mask_seeded():
     w = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
-    mag = mask_from_scores(get_criterion("magnitude")(w, torch.Generator()), 0.4)
-    r1 = mask_from_scores(random_scores(w, torch.Generator().manual_seed(7)), 0.4)
-    r2 = mask_from_scores(random_scores(w, torch.Generator().manual_seed(7)), 0.4)
-    r3 = mask_from_scores(random_scores(w, torch.Generator().manual_seed(8)), 0.4)
+    mag = mask_from_scores(get_criterion("magnitude").score(w, None, torch.Generator()), 0.4)
+    r1 = mask_from_scores(random_scores(w, None, torch.Generator().manual_seed(7)), 0.4)
+    r2 = mask_from_scores(random_scores(w, None, torch.Generator().manual_seed(7)), 0.4)
+    r3 = mask_from_scores(random_scores(w, None, torch.Generator().manual_seed(8)), 0.4)
     assert int((~mag).sum()) == int((~r1).sum()) == round(0.4 * 64 * 64)
     assert torch.equal(r1, r2) and not torch.equal(r1, r3)
     # about 60% agreement expected by chance (0.4^2 + 0.6^2 = 0.52), far from identical
@@ -69,8 +67,9 @@ def test_random_criterion_same_count_different_mask_seeded():
 
 
 def test_registries_and_unknown_names():
-    assert set(CRITERIA) == {"magnitude", "random"} and set(SCOPES) == {"local", "global"}
-    with pytest.raises(UsageError, match="unknown criterion 'snip'; choose one of: magnitude, random"):
+    assert set(CRITERIA) == {"magnitude", "random", "wanda", "sparsegpt"}
+    assert set(SCOPES) == {"local", "global"}
+    with pytest.raises(UsageError, match="unknown criterion 'snip'; choose one of: magnitude, random, wanda"):
         get_criterion("snip")
     with pytest.raises(UsageError, match="unknown scope 'row'; choose one of: local, global"):
         get_scope("row")

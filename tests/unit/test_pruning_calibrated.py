@@ -1,0 +1,233 @@
+"""Data-aware pruning: SparseGPT's reconstruction against the closed-form optimal-brain-surgeon
+solution, the error order SparseGPT < Wanda < magnitude on layers with fixed inputs, N:M after
+reconstruction, and the layer-wise calibration driver on a tiny BERT."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from compress.errors import UsageError
+from compress.pruning.calibration import calibration_sample, gather_stats, prune_calibrated
+from compress.pruning.criteria import CRITERIA, LayerStats, get_criterion, weight_only
+from compress.pruning.masks import NMPattern, keep_mask_flat
+from compress.pruning.sparsegpt import damped_inverse, sparsegpt_prune
+
+
+def _inputs(seed: int, tokens: int = 256, features: int = 16) -> torch.Tensor:
+    """Correlated inputs with unequal feature scales in no particular order, as hidden states have."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(tokens, features, generator=g, dtype=torch.float64)
+    mix = torch.randn(features, features, generator=g, dtype=torch.float64) * 0.5 + torch.eye(features)
+    scale = torch.logspace(-1, 0.7, features, dtype=torch.float64)[torch.randperm(features, generator=g)]
+    return z @ mix * scale
+
+
+def _out_error(w: torch.Tensor, w_new: torch.Tensor, x: torch.Tensor) -> float:
+    return float(((w - w_new) @ x.T).pow(2).sum())
+
+
+def test_reconstruction_equals_the_closed_form_obs_solution():
+    """Pruning the first columns of every row: the optimal kept weights for w_P = 0 minimise
+    (w - w') H (w - w')^T, so w'_R = w_R + H_RR^-1 H_RP w_P (H damped as the code damps it)."""
+    x = _inputs(0, features=8)
+    gram = x.T @ x
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    w[:, :2] *= 1e-4  # the two smallest-saliency columns of every row: these go
+    new, keep, _ = sparsegpt_prune(w, gram, prune_count=6, blocksize=8, percdamp=0.01)
+    assert not keep[:, :2].any() and keep[:, 2:].all()
+    h = torch.inverse(damped_inverse(gram, w, 0.01))  # the damped H itself
+    p, r = slice(0, 2), slice(2, 8)
+    expected = w[:, r] + (torch.linalg.solve(h[r, r], h[r, p] @ w[:, p].T)).T
+    torch.testing.assert_close(new[:, r], expected, rtol=1e-8, atol=1e-10)
+    assert (new[:, p] == 0).all()
+
+
+def test_one_weight_obs_update():
+    """One pruned weight (column 0) moves the row by -w_q / [H^-1]_qq * H^-1[q, :]."""
+    x = _inputs(2, features=6)
+    gram = x.T @ x
+    w = torch.tensor([[1e-5, 0.7, -1.2, 0.4, 2.0, -0.9]], dtype=torch.float64)
+    new, keep, err = sparsegpt_prune(w, gram, prune_count=1, blocksize=6)
+    hinv = damped_inverse(gram, w, 0.01)
+    expected = w - w[0, 0] / hinv[0, 0] * hinv[0]
+    torch.testing.assert_close(new, expected.masked_fill(~keep, 0.0), rtol=1e-9, atol=1e-12)
+    assert keep.sum() == 5 and err == pytest.approx(float(w[0, 0] ** 2 / hinv[0, 0] / 2), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_output_error_sparsegpt_below_wanda_below_magnitude(seed):
+    x = _inputs(10 + seed, tokens=512, features=32)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(24, 32, generator=g, dtype=torch.float64)
+    stats = LayerStats(input_gram=x.T @ x, input_sq=(x * x).sum(0), tokens=x.shape[0])
+    k = w.numel() // 2
+    mag = w.masked_fill(~keep_mask_flat(w.abs(), k).reshape(w.shape), 0.0)
+    wanda_scores = get_criterion("wanda").score(w, stats, torch.Generator()).double()
+    wanda_keep = torch.stack([keep_mask_flat(row, 16) for row in wanda_scores])
+    wanda = w.masked_fill(~wanda_keep, 0.0)
+    sgpt, keep, _ = sparsegpt_prune(w, stats.input_gram, prune_count=k, blocksize=8)
+    assert int((~keep).sum()) == k and int((sgpt == 0).sum()) == k
+    e_mag, e_wanda, e_sgpt = (_out_error(w, v, x) for v in (mag, wanda, sgpt))
+    assert e_sgpt < e_wanda < e_mag, (e_sgpt, e_wanda, e_mag)
+
+
+def test_nm_pattern_holds_after_reconstruction_and_forced_zeros_stay():
+    x = _inputs(5, features=16)
+    w = torch.randn(8, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    forced = torch.zeros_like(w, dtype=torch.bool)
+    forced[0, 5] = forced[3, 12] = True
+    new, keep, _ = sparsegpt_prune(w, x.T @ x, pattern=(2, 4), forced=forced, blocksize=6)
+    groups_zero = (new.reshape(-1, 4) == 0).sum(dim=1)
+    assert (groups_zero >= 2).all()
+    assert ((~keep).reshape(-1, 4).sum(dim=1) == 2).all()  # exactly N of every M in the mask
+    assert not keep[0, 5] and not keep[3, 12]
+    assert (new[~keep] == 0).all() and (new[keep] != 0).all()
+
+
+def test_registry_declares_what_each_criterion_needs():
+    assert set(CRITERIA) == {"magnitude", "random", "wanda", "sparsegpt"}
+    assert not CRITERIA["magnitude"].data_aware and CRITERIA["sparsegpt"].reconstructs
+    assert CRITERIA["wanda"].needs == {"input_sq"} and CRITERIA["wanda"].compare == "row"
+    with pytest.raises(UsageError, match="post-training"):
+        weight_only("sparsegpt")
+    with pytest.raises(UsageError, match="unknown criterion 'obs'.*magnitude, random, wanda, sparsegpt"):
+        get_criterion("obs")
+
+
+def test_calibration_sample_is_seeded_distinct_and_capped():
+    a, b = calibration_sample(100, 10, seed=3), calibration_sample(100, 10, seed=3)
+    assert a == b and len(set(a)) == 10 and a == sorted(a)
+    assert calibration_sample(100, 10, seed=4) != a
+    assert calibration_sample(5, 10, seed=0) == [0, 1, 2, 3, 4]
+    with pytest.raises(UsageError, match="calibration-samples"):
+        calibration_sample(5, 0, seed=0)
+
+
+# ------------------------------------------------------------------------- the driver on a model
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    return BertForSequenceClassification(cfg).eval()
+
+
+def _batches(n: int = 4, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(5, 120, (4, 12), generator=g)
+        mask = torch.ones_like(ids)
+        mask[0, 8:] = 0  # one padded row: padding must not count as calibration tokens
+        out.append({"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(4, dtype=torch.long)})
+    return out
+
+
+def _targets(model):
+    from compress.pruning.targets import select_targets
+
+    return select_targets(model, (), ())
+
+
+def test_gather_stats_counts_only_real_tokens_and_sums_the_gram(tiny_classifier):
+    model = tiny_classifier
+    lin = model.bert.encoder.layer[0].attention.self.query
+    seen = []
+    h = lin.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
+    batches = _batches(2)
+    stats = gather_stats(model, batches, {"q": lin}, {"input_gram", "input_sq"},
+                         stop_after=model.bert.encoder.layer[0])
+    h.remove()
+    xs = torch.cat([x[b["attention_mask"].bool()] for x, b in zip(seen, batches)]).double()
+    assert stats["q"].tokens == xs.shape[0] == 2 * (4 * 12 - 4)
+    torch.testing.assert_close(stats["q"].input_gram, xs.T @ xs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats["q"].input_sq, (xs * xs).sum(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("criterion", ["magnitude", "wanda", "sparsegpt"])
+def test_prune_calibrated_reaches_the_sparsity_and_zeros_match_masks(tiny_classifier, criterion):
+    model = copy.deepcopy(tiny_classifier)
+    targets = _targets(model)
+    masks, report = prune_calibrated(model, targets, _batches(), criterion, 0.5)
+    for name, p in targets.items():
+        assert (p[~masks[name]] == 0).all(), name
+        assert abs(float((~masks[name]).float().mean()) - 0.5) < 0.02, name
+    assert report["sparsity"] == pytest.approx(0.5, abs=0.01)
+    assert report["outside_layers"]["matrices"] == ["embeddings.word_embeddings.weight"]
+    assert report["calibration_tokens"] == (4 * (4 * 12 - 4) if criterion != "magnitude" else 0)
+
+
+def test_the_same_calibration_gives_the_same_masks_and_weights(tiny_classifier):
+    runs = []
+    for _ in range(2):
+        model = copy.deepcopy(tiny_classifier)
+        masks, _ = prune_calibrated(model, _targets(model), _batches(), "sparsegpt", 0.6)
+        runs.append((masks, {n: p.detach().clone() for n, p in _targets(model).items()}))
+    assert all(torch.equal(runs[0][0][n], runs[1][0][n]) for n in runs[0][0])
+    assert all(torch.equal(runs[0][1][n], runs[1][1][n]) for n in runs[0][1])
+
+
+def test_layers_see_the_pruned_layers_before_them(tiny_classifier, monkeypatch):
+    """Layer 1's statistics come from a model whose layer 0 is already pruned: its input Gram
+    matrix equals the one gathered on a copy pruned by hand at layer 0 only."""
+    import compress.pruning.calibration as cal
+
+    model = copy.deepcopy(tiny_classifier)
+    grams = []
+    real = cal.gather_stats
+
+    def spy(m, batches, linears, needs, stop_after=None):
+        stats = real(m, batches, linears, needs, stop_after)
+        grams.append({n: s.input_gram for n, s in stats.items()})
+        return stats
+
+    monkeypatch.setattr(cal, "gather_stats", spy)
+    targets = _targets(model)
+    masks, _ = prune_calibrated(model, targets, _batches(), "sparsegpt", 0.5)
+    # rebuild: dense copy, layer 0 weights taken from the pruned model, layer 1 dense
+    ref = copy.deepcopy(tiny_classifier)
+    ref.bert.encoder.layer[0].load_state_dict(model.bert.encoder.layer[0].state_dict())
+    q1 = "encoder.layer.1.attention.self.query.weight"
+    stats = real(ref, _batches(), {q1: ref.bert.encoder.layer[1].attention.self.query}, {"input_gram"})
+    torch.testing.assert_close(grams[1][q1], stats[q1].input_gram)
+    q1_dense = tiny_classifier.bert.encoder.layer[1].attention.self.query
+    dense = real(tiny_classifier, _batches(), {q1: q1_dense}, {"input_gram"})
+    assert not torch.allclose(grams[1][q1], dense[q1].input_gram)
+
+
+def test_global_scope_and_nm_pattern_on_a_model(tiny_classifier):
+    model = copy.deepcopy(tiny_classifier)
+    targets = _targets(model)
+    masks, report = prune_calibrated(model, targets, _batches(), "sparsegpt", 0.5, scope="global")
+    enc = [n for n in masks if n.startswith("encoder.")]
+    pruned = sum(int((~masks[n]).sum()) for n in enc)
+    assert pruned == round(0.5 * sum(masks[n].numel() for n in enc))
+    assert len({round(float((~masks[n]).float().mean()), 3) for n in enc}) > 1  # matrices differ
+    model = copy.deepcopy(tiny_classifier)
+    targets = _targets(model)
+    masks, _ = prune_calibrated(model, targets, _batches(), "wanda", 0.5, pattern=NMPattern(2, 4))
+    for n, p in targets.items():
+        assert ((p.detach().reshape(-1, 4) == 0).sum(dim=1) >= 2).all(), n
+
+
+def test_initial_masks_stay_pruned(tiny_classifier):
+    model = copy.deepcopy(tiny_classifier)
+    targets = _targets(model)
+    name = "encoder.layer.0.attention.self.query.weight"
+    initial = {name: torch.rand(targets[name].shape, generator=torch.Generator().manual_seed(0)) > 0.3}
+    masks, _ = prune_calibrated(model, targets, _batches(), "sparsegpt", 0.5, initial_masks=initial)
+    assert not (masks[name] & ~initial[name]).any()
+
+
+def test_a_data_aware_criterion_without_batches_is_refused(tiny_classifier):
+    model = copy.deepcopy(tiny_classifier)
+    with pytest.raises(UsageError, match="needs calibration batches"):
+        prune_calibrated(model, _targets(model), [], "wanda", 0.5)
