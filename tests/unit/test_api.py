@@ -18,7 +18,8 @@ from tests.tiny_encoders import FFN, HIDDEN, build
 # Every public name, written out here (not read from compress.__all__): renaming one breaks users.
 PUBLIC = ("CompressError", "DataError", "DistillationTrainer", "GradualSchedule", "IntegrityError",
           "MagnitudePruner", "ModelError", "OneShotSchedule", "ParityError", "PrunerStateError",
-          "PruningCallback", "UsageError", "export_onnx", "format_sparsity_table", "kd_loss",
+          "PruningCallback", "TrainingDivergedError", "UsageError", "export_onnx",
+          "format_sparsity_table", "kd_loss",
           "make_pruner", "measure_model", "prunable_targets", "prune_model", "save_model",
           "sparsity_report", "verify_masks", "write_model_card")
 
