@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from compress.config import check_choice, check_range
-from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, distillation_loss
+from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, check_kd_values, distillation_loss
 from compress.divergence import check_finite_loss, likely_cause
 
 LR_SCHEDULES = ("constant", "linear")
@@ -48,8 +48,7 @@ class StudentTrainConfig:
         check_range("lr", self.lr, 0, None, lo_open=True)
         check_range("epochs", self.epochs, 1)
         check_range("batch_size", self.batch_size, 1)
-        check_range("temperature", self.temperature, 0, None, lo_open=True)
-        check_range("kd_lambda", self.kd_lambda, 0)
+        check_kd_values(self.temperature, self.kd_lambda)
         check_choice("kd_loss", self.kd_loss, KD_LOSS_CHOICES)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
