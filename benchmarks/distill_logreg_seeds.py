@@ -124,8 +124,10 @@ def main(argv=None) -> int:
                                    {f: getattr(args, f) for f in OPERATORS}),
                                 unlabeled_examples=0 if mode == "no-kd" else args.unlabeled_examples,
                                 data_seed=data_seed, val_fraction=args.val_fraction,
-                                kd_loss=args.kd_loss, kd_lambda=args.kd_lambda,
-                                temperature=args.temperature, weight_decay=args.weight_decay, lr=args.lr,
+                                **({} if mode == "no-kd" else  # the KD settings: refused with no_kd
+                                   {"kd_loss": args.kd_loss, "kd_lambda": args.kd_lambda,
+                                    "temperature": args.temperature}),
+                                weight_decay=args.weight_decay, lr=args.lr,
                                 teacher_cache=cache, name=f"bench-logreg-{mode}-s{seed}")
             t0 = time.time()
             run = run_distill(cfg)

@@ -10,7 +10,7 @@ compress`` loads neither torch nor transformers until a name is used.
 - measurement and export: ``measure_model``, ``export_onnx``, ``sparsity_report``,
   ``format_sparsity_table``, ``write_model_card``;
 - errors: ``CompressError``, ``UsageError``, ``DataError``, ``ModelError``, ``IntegrityError``,
-  ``ParityError``, ``PrunerStateError``.
+  ``ParityError``, ``PrunerStateError``, ``TrainingDivergedError``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ _PUBLIC: dict[str, str] = {
     "ModelError": "compress.errors",
     "IntegrityError": "compress.errors",
     "ParityError": "compress.errors",
+    "TrainingDivergedError": "compress.errors",
 }
 
 __all__ = sorted(_PUBLIC)

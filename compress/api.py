@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from compress import api_checks as check
 from compress.distill.losses import DEFAULT_TEMPERATURE
 from compress.pruning.schedules import DEFAULT_POWER  # pure Python: no torch at import
 
@@ -53,6 +54,9 @@ def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
     from compress.errors import UsageError
     from compress.pruning.targets import select_targets
 
+    check.check_module("model", model)
+    check.check_patterns("include", include)
+    check.check_patterns("exclude", exclude)
     if find_layout(model) is None and not include:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         what = f"architecture '{model_type}'" if model_type else f"a {type(model).__name__} (no config)"
@@ -89,6 +93,15 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     from compress.pruning.pruner import MagnitudePruner
     from compress.pruning.schedules import SCHEDULES, make_schedule
 
+    check.check_module("model", model)
+    check.check_real("sparsity", sparsity, 0, 1)
+    check.check_int("total_steps", total_steps, 1, optional=True)
+    check.check_int("prune_steps", prune_steps, 1, optional=True)
+    check.check_int("prune_every", prune_every, 1, optional=True)
+    check.check_int("start_step", start_step, 0)
+    check.check_real("initial_sparsity", initial_sparsity, 0, 1)
+    check.check_real("power", power)
+    check.check_int("seed", seed, 0)
     if schedule not in SCHEDULES:
         raise UsageError(f"unknown schedule '{schedule}'; choose one of: {', '.join(SCHEDULES)}")
     if schedule == "gradual" and total_steps is None and prune_steps is None:
@@ -143,6 +156,13 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike
     "distillation": {...}}``); ``metrics`` (e.g. ``{"accuracy": 0.91}``) go into the card."""
     from compress.models import save_model as save_folder
 
+    check.check_module("model", model)
+    check.check_path("folder", folder)
+    if masks is not None and not isinstance(masks, dict):
+        from compress.errors import UsageError
+
+        raise UsageError(f"masks must be a dict of name -> bool tensor (what prune_model or "
+                         f"pruner.finalize() return) or None, got {type(masks).__name__}")
     folder = Path(folder)
     meta = {**model_meta(model), **(meta or {})}
     if masks:
@@ -183,6 +203,7 @@ def verify_masks(folder: str | os.PathLike) -> dict[str, Any]:
     (tensors, pruned, total, sparsity); raises IntegrityError naming the regrown tensors."""
     from compress.pruning.integrity import verify_run
 
+    check.check_path("folder", folder)
     return verify_run(folder)
 
 
@@ -204,13 +225,18 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     """
     import torch
 
-    from compress.config import check_range
-    from compress.distill.losses import KD_LOSS_CHOICES, distillation_loss
+    from compress.distill.losses import KD_LOSS_CHOICES, MAX_KD_LAMBDA, MAX_TEMPERATURE, distillation_loss
     from compress.errors import UsageError
 
+    for name, t in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"{name} must be a torch.Tensor [batch, labels], got {type(t).__name__}; "
+                             "pass outputs.logits")
     if kind not in KD_LOSS_CHOICES:
         raise UsageError(f"unknown KD loss kind '{kind}'; choose one of: {', '.join(KD_LOSS_CHOICES)}")
-    check_range("temperature", temperature, 0, None, lo_open=True)
+    check.check_real("temperature", temperature, 0, MAX_TEMPERATURE, lo_open=True)
+    if kd_lambda is not None:
+        check.check_real("kd_lambda", kd_lambda, 0, MAX_KD_LAMBDA)
     if student_logits.dim() != 2 or teacher_logits.dim() != 2:
         raise UsageError(f"kd_loss takes [batch, labels] logits; got student {tuple(student_logits.shape)}, "
                          f"teacher {tuple(teacher_logits.shape)} (pass outputs.logits)")
@@ -225,7 +251,6 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
         from compress.distill.losses import default_kd_lambda
 
         kd_lambda = default_kd_lambda(multilabel)
-    check_range("kd_lambda", kd_lambda, 0)
     if labels is None:
         labels = torch.zeros(bs, dtype=torch.long, device=student_logits.device)
         label_mask = torch.zeros(bs, dtype=torch.bool, device=student_logits.device)
@@ -250,6 +275,8 @@ def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128
     from compress.config import check_range
     from compress.measure.summary import measure_module, measure_spec
 
+    check.check_module("model", model, paths_too=True)
+    check.check_int("seq_len", seq_len, 1)
     check_range("seq_len", seq_len, 1, 4096)
     if isinstance(model, (str, os.PathLike)):
         return measure_spec(str(model), seq_len)
@@ -274,6 +301,12 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     from compress.export.onnx import export_onnx as export_loaded
     from compress.export.ort import resolve_provider
 
+    check.check_module("model", model)
+    check.check_path("path", path)
+    check.check_real("atol", atol, 0, lo_open=True)
+    if shapes is not None:
+        check.check_shapes(shapes)
+    check.check_int("opset", opset, 1)
     dst = Path(path)
     if dst.suffix != ".onnx":
         raise UsageError(f"{dst}: the output file name must end in .onnx")

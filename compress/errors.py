@@ -31,3 +31,7 @@ class IntegrityError(CompressError):
 
 class CorruptFileError(CompressError):
     """A saved file (weights, masks) is truncated or unreadable: a copy cut short, a full disk."""
+
+
+class TrainingDivergedError(CompressError):
+    """The training loss became NaN or infinite: the run stops and saves no model."""

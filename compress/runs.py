@@ -269,10 +269,11 @@ class RunDir:
         is kept when it created ``checkpoint/`` (train's step checkpoints, or another loop's state
         such as distillation's) and it was stopped by something other than bad input: Ctrl-C, a
         full disk, a crash. A CompressError removes it unless train() checkpoints exist, so bad input
-        leaves no half-written folder.
+        leaves no half-written folder; a diverged run (TrainingDivergedError) also stays when
+        another loop's checkpoint file is there (a student's ``student.pt``).
         """
         from compress.checkpoints import checkpoint_dirs
-        from compress.errors import CompressError
+        from compress.errors import CompressError, TrainingDivergedError
 
         if self.resumed:
             return True
@@ -280,6 +281,8 @@ class RunDir:
             return False
         progress = any(checkpoint_dirs(d) or (d / PHASE_DONE).is_file()
                        for d in [self.checkpoint_dir, *self._phase_dirs()])
+        if issubclass(exc_type, TrainingDivergedError):  # a student's epoch checkpoint is progress too
+            progress = progress or any(f.is_file() for f in self.checkpoint_dir.iterdir())
         return not issubclass(exc_type, CompressError) or progress
 
     def _phase_dirs(self) -> list[Path]:

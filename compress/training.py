@@ -35,6 +35,7 @@ from compress.checkpoints import (  # noqa: F401 - re-exported; the loop saves t
 )
 from compress.config import check_range, option
 from compress.distributed import assert_tensors_same_across_ranks, is_distributed
+from compress.divergence import check_finite_loss, likely_cause
 from compress.errors import DataError, UsageError
 from compress.tasks.base import TextDataset
 
@@ -290,6 +291,14 @@ def _decay_groups(params: list, cfg: TrainConfig) -> list[dict]:
                         {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
 
 
+def _kd_values(loss_fn) -> dict:
+    """``temperature`` and ``kd_lambda`` of a distillation loss plug-in (``TeacherLogitsLoss``, or
+    a bound method of ``SpanDistillation``), else nothing: what a diverged run blames."""
+    owner = getattr(loss_fn, "__self__", loss_fn)
+    values = {k: getattr(owner, k, None) for k in ("temperature", "kd_lambda")}
+    return values if None not in values.values() else {}
+
+
 def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[TrainHook] = (),
           log: Callable[[dict], None] | None = None, checkpoint_dir: Path | None = None,
           resume: bool = False, checkpoint_last: bool = False, *,
@@ -373,6 +382,7 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
     bar = tqdm(total=total, initial=step, desc="train", leave=False,
                disable=not main or not progress_wanted())
     last = float("nan")
+    cause = likely_cause(cfg.lr, **_kd_values(loss_fn))
     while step < total:
         epoch, offset = divmod(step, per_epoch)
         batches = rank_batches(epoch_order(len(feats), cfg.seed, epoch), cfg.batch_size, rank, world)
@@ -389,6 +399,15 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 for h in hooks:
                     loss = h.compute_loss(model, batch, outputs) if loss is None else loss
                 loss = outputs.loss if loss is None else loss
+            # before backward: a non-finite loss would turn the gradients, then the weights, to NaN
+            last = float(loss.detach())
+            elsewhere = False
+            if world > 1:  # every rank stops together, or the others wait in the next all-reduce
+                flag = torch.tensor(float(not math.isfinite(last)), device=accelerator.device)
+                elsewhere = bool(accelerator.reduce(flag, "sum") > 0)
+            if elsewhere or not math.isfinite(last):
+                bar.close()
+                check_finite_loss(last, step + 1, cause, elsewhere)
             accelerator.backward(loss)
             for h in hooks:
                 h.on_after_backward(hooked)
@@ -403,7 +422,6 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 h.on_step_end(hooked, step)
             if world > 1 and cfg.rank_check_every and step % cfg.rank_check_every == 0:
                 check_ranks_agree(hooks, step)
-            last = float(loss.detach())
             running += last
             for k, v in extra.items():
                 running_extra[k] = running_extra.get(k, 0.0) + float(v)

@@ -83,6 +83,11 @@ def check_model_flags(argv: list[str]) -> None:
 
     for name in MODEL_FLAGS[argv[0]]:
         value = getattr(known, name, None)
+        if value is not None and not value.strip():  # a variable that expanded to nothing
+            from compress.errors import UsageError
+
+            raise UsageError(f"--{name} {value!r} is empty; pass a model or run folder (or 'minilm'), "
+                             f"or drop --{name}")
         # 'self' (prune's teacher) and 'bm25' (eval's ReQA baseline) name no model folder
         if value and value not in ("self", "bm25"):
             resolve_model(value)

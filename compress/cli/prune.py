@@ -39,6 +39,9 @@ PRETRAIN_IGNORES = ({f.name for f in dataclasses.fields(TaskDataConfig)} - {"mod
 STRUCTURED_IGNORES = ("schedule", "prune_steps", "prune_every", "prune_start", "initial_sparsity",
                       "schedule_power", "scope", "include", "exclude")
 
+# What --schedule oneshot never reads: the ramp of the gradual schedule.
+ONESHOT_IGNORES = ("prune_steps", "prune_every", "initial_sparsity", "schedule_power")
+
 
 def refuse_ignored_options(cfg: PruneConfig, given: set[str]) -> None:
     """UsageError naming every option the user set (``given``: typed, or in --config) that the
@@ -53,6 +56,15 @@ def refuse_ignored_options(cfg: PruneConfig, given: set[str]) -> None:
                "layers: no schedule, scope or --include/--exclude)")
         ignored[why] = [f for f in STRUCTURED_IGNORES if f in given
                         and not (f == "schedule" and cfg.schedule == "oneshot")]
+    if cfg.schedule == "oneshot" and not cfg.structured:
+        ignored["--schedule oneshot (all pruning at --prune-start: no ramp)"] = [
+            f for f in ONESHOT_IGNORES if f in given]
+    if cfg.stage != "pretrain":
+        ignored[f"--stage {cfg.stage} (no masked-LM training: it applies to --stage pretrain)"] = [
+            f for f in ("mlm_probability",) if f in given]
+    if cfg.objective != "pfa" and cfg.stage != "pretrain":  # pretrain refuses every QA option above
+        ignored[f"--objective {cfg.objective} (it applies to squad --objective pfa)"] = [
+            f for f in ("pfa_epsilon", "pfa_alignment") if f in given]
     parts = [f"{', '.join('--' + f.replace('_', '-') for f in fields)} "
              f"{'does' if len(fields) == 1 else 'do'} not apply with {why}"
              for why, fields in ignored.items() if fields]

@@ -1,5 +1,6 @@
-HELP = ("check that every pruned weight of a saved run is still exactly zero, and its N:M pattern "
-        "when it has one (reloads from disk)")
+HELP = ("check that every weight of a saved model is finite (NaN or inf fails, a dense model too), "
+        "that every pruned weight is still exactly zero, and its N:M pattern when it has one "
+        "(reloads from disk)")
 EXAMPLES = """examples:
   compress verify artifacts/prune/20261122-101500-sample-finetune-magnitude-40
   compress verify artifacts/finetune/20261122-111500-sst2     # fine-tuned from a pruned run

@@ -73,6 +73,23 @@ KD_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 KD_LOSS_CHOICES = ("kl", "mse")  # what a user picks; "kl" is Bernoulli KL for multi-label tasks
 
 
+# Beyond these a KD loss stops being a sensible objective and floats overflow: T^2 * KL grows with
+# T^2 (T = 1e20 squares to inf in float32), and lambda multiplies the whole KD term.
+MAX_TEMPERATURE = 100.0
+MAX_KD_LAMBDA = 1e4
+KD_BOUNDS_HELP = f"T in (0, {MAX_TEMPERATURE:g}], lambda in [0, {MAX_KD_LAMBDA:g}]"
+
+
+def check_kd_values(temperature: float, kd_lambda: float | None) -> None:
+    """Raise UsageError when the temperature is outside (0, MAX_TEMPERATURE] or the KD weight
+    (unless None: the default) outside [0, MAX_KD_LAMBDA]."""
+    from compress.config import check_range
+
+    check_range("temperature", temperature, 0, MAX_TEMPERATURE, lo_open=True)
+    if kd_lambda is not None:
+        check_range("kd_lambda", kd_lambda, 0, MAX_KD_LAMBDA)
+
+
 def default_kd_lambda(multilabel: bool) -> float:
     """The KD weight when none is given: 4 single-label, 1 multi-label (Adhikari et al. 2020)."""
     return 1.0 if multilabel else 4.0

@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from compress.config import check_range, option
-from compress.distill.losses import DEFAULT_TEMPERATURE, default_kd_lambda, distillation_loss
+from compress.distill.losses import (
+    DEFAULT_TEMPERATURE,
+    MAX_KD_LAMBDA,
+    MAX_TEMPERATURE,
+    check_kd_values,
+    default_kd_lambda,
+    distillation_loss,
+)
 from compress.errors import UsageError
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
@@ -41,18 +48,19 @@ class TeacherKDOptions:
                                             "training (loss = task + lambda * T^2 * KL); 'self' = "
                                             "the model the run starts from (prune --stage "
                                             "after-finetune: the model its dense phase made)")
-    kd_lambda: float | None = option(None, help="weight of the KD term; unset = 4 single-label, 1 "
-                                                "multi-label (as compress distill)")
-    temperature: float = option(DEFAULT_TEMPERATURE, help="softmax temperature T of the KD term")
+    kd_lambda: float | None = option(None, help=f"weight of the KD term, in [0, {MAX_KD_LAMBDA:g}]; "
+                                                "unset = 4 single-label, 1 multi-label (as compress "
+                                                "distill)")
+    temperature: float = option(DEFAULT_TEMPERATURE, help=f"softmax temperature T of the KD term, in "
+                                                          f"(0, {MAX_TEMPERATURE:g}]")
     kd_hidden: float = option(0.0, help="weight of an MSE between the last layer's hidden states of "
                                         "student and teacher (0 = off; above 0 the teacher runs "
                                         "on every batch)")
 
     def __post_init__(self):
-        if self.kd_lambda is not None:
-            check_range("kd_lambda", self.kd_lambda, 0)
-        check_range("temperature", self.temperature, 0, None, lo_open=True)
-        check_range("kd_hidden", self.kd_hidden, 0)
+        check_teacher_spec(self.teacher)
+        check_kd_values(self.temperature, self.kd_lambda)
+        check_range("kd_hidden", self.kd_hidden, 0, MAX_KD_LAMBDA)
         if self.teacher is None:
             changed = [f"--{n.replace('_', '-')}" for n, default in
                        (("kd_lambda", None), ("temperature", DEFAULT_TEMPERATURE), ("kd_hidden", 0.0))
@@ -63,6 +71,14 @@ class TeacherKDOptions:
 
     def lambda_for(self, multilabel: bool) -> float:
         return self.kd_lambda if self.kd_lambda is not None else default_kd_lambda(multilabel)
+
+
+def check_teacher_spec(teacher: str | None) -> None:
+    """An empty ``--teacher`` (a variable that expanded to nothing) names no model: refused rather
+    than read as the current folder."""
+    if teacher is not None and not teacher.strip():
+        raise UsageError(f"--teacher {teacher!r} is empty; pass a fine-tuned run or model folder "
+                         "(or 'self'), or drop --teacher")
 
 
 def check_teacher_fits(teacher_tokenizer, student_tokenizer, teacher_labels, student_labels,

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from compress.config import check_choice, check_range
-from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, distillation_loss
+from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, check_kd_values, distillation_loss
+from compress.divergence import check_finite_loss, likely_cause
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -47,8 +48,7 @@ class StudentTrainConfig:
         check_range("lr", self.lr, 0, None, lo_open=True)
         check_range("epochs", self.epochs, 1)
         check_range("batch_size", self.batch_size, 1)
-        check_range("temperature", self.temperature, 0, None, lo_open=True)
-        check_range("kd_lambda", self.kd_lambda, 0)
+        check_kd_values(self.temperature, self.kd_lambda)
         check_choice("kd_loss", self.kd_loss, KD_LOSS_CHOICES)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
@@ -136,6 +136,8 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
     last = float(state.get("final_loss", float("nan"))) if start else float("nan")
     t0 = time.time()
     total_steps = per_epoch * cfg.epochs
+    cause = (likely_cause(cfg.lr, cfg.temperature, cfg.kd_lambda) if use_teacher
+             else likely_cause(cfg.lr))
     for epoch in range(start, cfg.epochs):
         model.train()
         g = torch.Generator().manual_seed(cfg.seed + epoch)
@@ -154,6 +156,8 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
             losses = distillation_loss(logits, b.get("teacher") if use_teacher else None, b["labels"],
                                        b["label_mask"], cfg.multilabel, cfg.temperature,
                                        cfg.kd_lambda if use_teacher else 0.0, cfg.kd_loss)
+            # before backward: a non-finite loss would turn the weights to NaN (and the checkpoint)
+            check_finite_loss(float(losses["loss"].detach()), step + 1, cause)
             for o in opts:
                 o.zero_grad(set_to_none=True)
             losses["loss"].backward()

@@ -92,7 +92,28 @@ class PruningCallback(TrainerCallback):
             self.pruner.step(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._check_finite(args, state.global_step)
         self.pruner.step(state.global_step)
+
+    def _check_finite(self, args, step: int) -> None:
+        """Stop training (TrainingDivergedError) once a pruned matrix holds NaN or inf: the
+        Trainer hides a non-finite loss from its logs (``logging_nan_inf_filter``), but the step it
+        came from has already spread it into the weights. Checked before the pruner ranks them and
+        before the Trainer saves the step, so no checkpoint of it is written."""
+        from compress.errors import TrainingDivergedError
+
+        params = self.pruner.params
+        total = torch.stack([p.detach().float().sum() for p in params.values()]).sum()
+        if bool(torch.isfinite(total)):
+            return
+        found = next(((n, int((~torch.isfinite(p.detach())).sum())) for n, p in params.items()
+                      if not bool(torch.isfinite(p.detach()).all())), None)
+        if found is None:  # finite weights whose sum overflowed
+            return
+        raise TrainingDivergedError(
+            f"training diverged: {found[0]} holds {found[1]} NaN/inf values after step {step} (a "
+            f"non-finite loss); training stopped before saving it. Likely cause: the learning rate "
+            f"(learning_rate={args.learning_rate:g}); lower it")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         s = self.current_sparsity()
@@ -245,4 +266,13 @@ class DistillationTrainer(Trainer):
         multilabel = getattr(model.config, "problem_type", None) == "multi_label_classification"
         parts = kd_loss(outputs.logits, t_out.logits, labels, temperature=self.temperature,
                         kd_lambda=self.kd_lambda, kind=self.kind, multilabel=multilabel)
+        from compress.distill.losses import default_kd_lambda
+        from compress.divergence import check_finite_loss
+
+        # before backward: a non-finite loss would turn the student's weights to NaN
+        lam = self.kd_lambda if self.kd_lambda is not None else default_kd_lambda(multilabel)
+        check_finite_loss(float(parts["loss"].detach()), self.state.global_step + 1,
+                          f"the KD values temperature={self.temperature:g} and kd_lambda={lam:g} "
+                          f"(learning_rate={self.args.learning_rate:g}); lower kd_lambda or the "
+                          "learning rate")
         return (parts["loss"], outputs) if return_outputs else parts["loss"]

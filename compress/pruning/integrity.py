@@ -72,6 +72,40 @@ def check_pattern(model: torch.nn.Module, names: list[str], pattern: str) -> Non
                              f"zero(s), {nm.n} needed")
 
 
+@torch.no_grad()
+def non_finite_counts(model_dir: Path) -> dict[str, tuple[int, int]]:
+    """Per tensor of the saved weights (every ``*.safetensors`` of ``model_dir`` but the masks), how
+    many entries are NaN and how many infinite (only tensors with some). Read one tensor at a time
+    from the files, so the check sees exactly what was saved."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        if f.name == MASKS_FILE:
+            continue
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                t = fh.get_tensor(name)
+                if not t.is_floating_point():
+                    continue
+                nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+                if nan or inf:
+                    out[name] = (nan, inf)
+    return out
+
+
+def check_finite_weights(model_dir: Path) -> None:
+    """Raise IntegrityError naming each saved tensor with NaN or infinite entries and how many: a
+    model that holds them loads without complaint and predicts garbage."""
+    bad = non_finite_counts(model_dir)
+    if bad:
+        first = ", ".join(f"{n}: {nan} NaN, {inf} inf" for n, (nan, inf) in list(bad.items())[:3])
+        more = f" (and {len(bad) - 3} more tensors)" if len(bad) > 3 else ""
+        total = sum(nan + inf for nan, inf in bad.values())
+        raise IntegrityError(f"{total} saved weights are not finite: {first}{more}; the model is "
+                             f"unusable: {REDO}")
+
+
 def save_masks(masks: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -117,13 +151,18 @@ def recorded_pattern(model_dir: Path) -> str | None:
 
 
 def verify_run(run: str | Path) -> dict:
-    """Reload ``RUN/model`` from disk and check every mask, and the N:M pattern of every masked
-    matrix when the run records one; returns counts for the report."""
+    """Reload ``RUN/model`` from disk and check that every saved weight is finite (a dense model
+    folder too), every mask, and the N:M pattern of every masked matrix when the run records one;
+    returns counts for the report."""
     run = Path(run)
     model_dir = run / "model" if (run / "model").is_dir() else run
     if not (model_dir / "config.json").is_file():
         raise DataError(f"{run} is not a run folder with a saved model (no model/config.json); pass "
                         "a folder written by 'compress prune'")
+    from compress.models import check_safetensors_folder
+
+    check_safetensors_folder(model_dir, REDO)
+    check_finite_weights(model_dir)  # first: a dense folder (no masks) is checked too
     masks = load_masks(model_dir / MASKS_FILE)
     model = load_saved_model(model_dir)
     pattern = recorded_pattern(model_dir)

@@ -22,7 +22,15 @@ from compress.distill.embeddings import (
     embedding_width,
     initial_embeddings,
 )
-from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, default_kd_lambda, kd_loss_name
+from compress.distill.losses import (
+    DEFAULT_TEMPERATURE,
+    KD_LOSS_CHOICES,
+    MAX_KD_LAMBDA,
+    MAX_TEMPERATURE,
+    check_kd_values,
+    default_kd_lambda,
+    kd_loss_name,
+)
 from compress.distill.report import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.teacher import (
     CACHE_DIR,
@@ -99,10 +107,11 @@ class DistillConfig:
                                            "epoch on them (0: the last epoch)")
     # loss
     temperature: float = option(DEFAULT_TEMPERATURE, help="softmax/sigmoid temperature T of the "
-                                                          "distillation term (> 0)")
+                                                          f"distillation term, in (0, {MAX_TEMPERATURE:g}]")
     # Adhikari et al. 2020's weights
     kd_lambda: float | None = option(None, help="weight of the distillation term: L = L_task + "
-                                                "lambda L_KD (unset: 4 single-label, 1 multi-label)")
+                                                f"lambda L_KD, in [0, {MAX_KD_LAMBDA:g}] (unset: 4 "
+                                                "single-label, 1 multi-label)")
     kd_loss: str = option("kl", choices=KD_LOSS_CHOICES,
                           help="distillation term: kl (KL of T-softened outputs; per-label "
                                "Bernoulli KL for multi-label) or mse (squared error of raw logits, "
@@ -145,10 +154,18 @@ class DistillConfig:
     def __post_init__(self):
         get_student(self.student)
         check_report_to(self.report_to)
-        check_range("temperature", self.temperature, 0, None, lo_open=True)
-        if self.kd_lambda is not None:
-            check_range("kd_lambda", self.kd_lambda, 0)
+        from compress.distill.teacher_kd import check_teacher_spec
+
+        check_teacher_spec(self.teacher)
+        check_kd_values(self.temperature, self.kd_lambda)
         check_choice("kd_loss", self.kd_loss, KD_LOSS_CHOICES)
+        if self.no_kd:  # gold labels only: the KD term's settings would do nothing
+            changed = [f"--{n.replace('_', '-')} {getattr(self, n)}" for n, default in
+                       (("kd_lambda", None), ("temperature", DEFAULT_TEMPERATURE), ("kd_loss", "kl"))
+                       if getattr(self, n) != default]
+            if changed:
+                raise UsageError(f"{', '.join(changed)} has no effect with --no-kd (no distillation "
+                                 "term); drop it or drop --no-kd")
         if self.kd_loss == "mse" and self.temperature != 1.0:
             raise UsageError(f"--temperature {self.temperature} has no effect with --kd-loss mse (it "
                              "compares raw logits); drop --temperature or use --kd-loss kl")

@@ -232,9 +232,15 @@ def other_labels(tmp_path_factory):
 
 @pytest.mark.parametrize("args, code, needle", [
     (["--student", "gpt"], 2, "unknown student 'gpt'; known students: bilstm, kimcnn, logreg"),
-    (["--temperature", "0"], 2, "--temperature must be in (0, inf]"),
+    (["--temperature", "0"], 2, "--temperature must be in (0, 100.0]"),
     (["--temperature", "-1"], 2, "--temperature"),
-    (["--kd-lambda", "-0.5"], 2, "--kd-lambda must be in [0, inf]"),
+    (["--temperature", "1e20"], 2, "--temperature must be in (0, 100.0], got 1e+20"),
+    (["--kd-lambda", "-0.5"], 2, "--kd-lambda must be in [0, 10000.0]"),
+    (["--kd-lambda", "1e5"], 2, "--kd-lambda must be in [0, 10000.0], got 100000.0"),
+    (["--teacher", ""], 2, "--teacher '' is empty"),
+    (["--teacher", "  "], 2, "--teacher '  ' is empty"),
+    (["--no-kd", "--kd-lambda", "2"], 2, "--kd-lambda 2.0 has no effect with --no-kd"),
+    (["--no-kd", "--temperature", "3"], 2, "--temperature 3.0 has no effect with --no-kd"),
     (["--kd-loss", "l2"], 2, "unknown kd loss 'l2'; choose one of: kl, mse"),
     (["--kd-loss", "mse", "--temperature", "2"], 2, "no effect with --kd-loss mse"),
     (["--augment", "2", "--no-kd"], 2, "cannot be combined with --no-kd"),

@@ -101,6 +101,38 @@ def test_verify_catches_a_tampered_model(pruned_run, tmp_path):
     assert "encoder.layer.1.output.dense.weight: 2 regrown" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_verify_fails_on_a_nan_and_an_inf_in_a_pruned_run_and_a_dense_folder(pruned_run, tiny_bert,
+                                                                               tmp_path):
+    import shutil
+
+    out, _ = pruned_run
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    f = bad / "model" / "model.safetensors"
+    w = load_file(str(f))
+    m = load_file(str(bad / "model" / "masks.safetensors"))["encoder.layer.0.attention.self.query.weight"]
+    i, j = torch.nonzero(m.bool())[0].tolist()  # a kept weight: the mask check alone passes it
+    w["bert.encoder.layer.0.attention.self.query.weight"][i, j] = float("nan")
+    w["classifier.weight"][0, 0] = float("inf")  # not pruned at all
+    save_file(w, str(f), metadata={"format": "pt"})
+    r = run_cli("verify", str(bad))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "2 saved weights are not finite" in r.stderr
+    assert "bert.encoder.layer.0.attention.self.query.weight: 1 NaN, 0 inf" in r.stderr
+    assert "classifier.weight: 0 NaN, 1 inf" in r.stderr
+
+    dense = tmp_path / "dense"  # a model folder without masks
+    shutil.copytree(tiny_bert, dense)
+    r = run_cli("verify", str(dense))
+    assert r.returncode == 1 and "no masks" in r.stderr  # finite: only the missing masks are reported
+    w = load_file(str(dense / "model.safetensors"))
+    name = sorted(k for k in w if k.endswith("dense.weight"))[0]
+    w[name][0, :3] = float("nan")
+    save_file(w, str(dense / "model.safetensors"), metadata={"format": "pt"})
+    r = run_cli("verify", str(dense))
+    assert r.returncode == 1 and f"{name}: 3 NaN, 0 inf" in r.stderr, r.stderr
+
+
 def test_stage_after_finetune_global_random(tiny_bert, tmp_path):
     out = tmp_path / "run"
     r = run_cli("prune", "--model", str(tiny_bert), "--stage", "after-finetune", "--schedule", "oneshot",

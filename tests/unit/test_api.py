@@ -18,7 +18,8 @@ from tests.tiny_encoders import FFN, HIDDEN, build
 # Every public name, written out here (not read from compress.__all__): renaming one breaks users.
 PUBLIC = ("CompressError", "DataError", "DistillationTrainer", "GradualSchedule", "IntegrityError",
           "MagnitudePruner", "ModelError", "OneShotSchedule", "ParityError", "PrunerStateError",
-          "PruningCallback", "UsageError", "export_onnx", "format_sparsity_table", "kd_loss",
+          "PruningCallback", "TrainingDivergedError", "UsageError", "export_onnx",
+          "format_sparsity_table", "kd_loss",
           "make_pruner", "measure_model", "prunable_targets", "prune_model", "save_model",
           "sparsity_report", "verify_masks", "write_model_card")
 
@@ -289,3 +290,66 @@ def test_distillation_trainer_gradient_accumulation_matches_one_big_batch(bert_p
     before = _classifier(config, seed=1).classifier.weight.detach()
     assert not torch.allclose(after[0], before)  # the step moved the weights
     assert torch.allclose(after[0], after[1], atol=1e-6)  # 2 x 2 accumulated == one batch of 4
+
+
+_LOGITS = torch.zeros(2, 3)
+# (function, arguments as a callable of the model and a folder, words the one-line error must hold)
+BAD_ARGUMENTS = [
+    ("prune_model", lambda m, d: compress.prune_model(m, "0.4"), ["sparsity must be a real number", "'0.4'",
+                                                                  "sparsity=0.4"]),
+    ("prune_model", lambda m, d: compress.prune_model(m, True), ["sparsity must be a real number", "bool"]),
+    ("prune_model", lambda m, d: compress.prune_model(m, float("nan")), ["sparsity must be in [0, 1]"]),
+    ("prune_model", lambda m, d: compress.prune_model("bert", 0.4), ["model must be a torch.nn.Module",
+                                                                     "'bert'"]),
+    ("prune_model", lambda m, d: compress.prune_model(m, 0.4, include="pooler"),
+     ["include='pooler' is a single string", "include=('pooler',)"]),
+    ("prune_model", lambda m, d: compress.prune_model(m, 0.4, exclude=("role:query", 3)),
+     ["exclude holds 3 (int)"]),
+    ("make_pruner", lambda m, d: compress.make_pruner(m, 0.4, total_steps="10"),
+     ["total_steps must be an int", "'10' (str)", "total_steps=10"]),
+    ("make_pruner", lambda m, d: compress.make_pruner(m, 0.4, total_steps=-5),
+     ["total_steps must be an int >= 1", "got -5"]),
+    ("make_pruner", lambda m, d: compress.make_pruner(m, 0.4, total_steps=10.0),
+     ["total_steps must be an int"]),
+    ("make_pruner", lambda m, d: compress.make_pruner(m, 0.4, total_steps=10, prune_every=0),
+     ["prune_every must be an int >= 1"]),
+    ("export_onnx", lambda m, d: compress.export_onnx(m, d / "m.onnx", atol=0), ["atol must be in (0, inf]"]),
+    ("export_onnx", lambda m, d: compress.export_onnx(m, d / "m.onnx", atol="1e-4"),
+     ["atol must be a real number"]),
+    ("export_onnx", lambda m, d: compress.export_onnx(m, d / "m.onnx", shapes=[(1, 0)]),
+     ["shapes entry (1, 0)", "positive ints"]),
+    ("export_onnx", lambda m, d: compress.export_onnx(m, d / "m.onnx", shapes=[(1, 8.0)]),
+     ["shapes entry (1, 8.0)"]),
+    ("export_onnx", lambda m, d: compress.export_onnx(m, 42), ["path must be a path", "42 (int)"]),
+    ("export_onnx", lambda m, d: compress.export_onnx(None, d / "m.onnx"),
+     ["model must be a torch.nn.Module"]),
+    ("measure_model", lambda m, d: compress.measure_model(m, seq_len="128"), ["seq_len must be an int"]),
+    ("measure_model", lambda m, d: compress.measure_model(3), ["model must be a torch.nn.Module or a model"]),
+    ("kd_loss", lambda m, d: compress.kd_loss(_LOGITS, _LOGITS, temperature="2"),
+     ["temperature must be a real number"]),
+    ("kd_loss", lambda m, d: compress.kd_loss(_LOGITS, _LOGITS, temperature=1e20),
+     ["temperature must be in (0, 100.0]"]),
+    ("kd_loss", lambda m, d: compress.kd_loss(_LOGITS, _LOGITS, kd_lambda=1e9),
+     ["kd_lambda must be in [0, 10000.0]"]),
+    ("kd_loss", lambda m, d: compress.kd_loss([[0.0]], _LOGITS), ["student_logits must be a torch.Tensor"]),
+    ("save_model", lambda m, d: compress.save_model(m, None, 5), ["folder must be a path", "5 (int)"]),
+    ("save_model", lambda m, d: compress.save_model("m", None, d), ["model must be a torch.nn.Module"]),
+    ("verify_masks", lambda m, d: compress.verify_masks(None), ["folder must be a path", "None"]),
+]
+
+
+@pytest.mark.parametrize("call, words", [(c, w) for _, c, w in BAD_ARGUMENTS],
+                         ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD_ARGUMENTS)])
+def test_api_arguments_are_checked_at_the_boundary(bert_parts, tmp_path, call, words):
+    config, _ = bert_parts
+    model = _classifier(config)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(compress.UsageError) as err:
+        call(model, tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, (w, msg)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # refused before touching the model
+    assert not list(tmp_path.iterdir())  # and before writing anything

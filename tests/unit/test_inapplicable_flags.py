@@ -79,6 +79,29 @@ def test_structured_pruning_refuses_schedule_options(tiny_bert, tmp_path, capsys
              capsys, needle, out)
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--pfa-epsilon", "0.2"], "--pfa-epsilon does not apply with --objective plain"),
+    (["--task", "squad", "--objective", "hl-aacl", "--pfa-alignment", "kl"],
+     "--pfa-alignment does not apply with --objective hl-aacl"),
+    (["--mlm-probability", "0.2"], "--mlm-probability does not apply with --stage finetune"),
+    (["--stage", "after-finetune", "--mlm-probability", "0.2"],
+     "--mlm-probability does not apply with --stage after-finetune"),
+    (["--schedule", "oneshot", "--prune-steps", "4"], "--prune-steps does not apply with --schedule oneshot"),
+    (["--schedule", "oneshot", "--prune-every", "2", "--initial-sparsity", "0.1", "--schedule-power", "2"],
+     "--prune-every, --initial-sparsity, --schedule-power do not apply with --schedule oneshot"),
+])
+def test_prune_refuses_flags_that_would_do_nothing(argv, needle):
+    msg = _refusal(argv)
+    assert msg is not None and needle in msg and "\n" not in msg, msg
+
+
+def test_those_flags_pass_where_they_apply():
+    assert _refusal(["--task", "squad", "--objective", "pfa", "--pfa-epsilon", "0.2"]) is None
+    assert _refusal(["--stage", "pretrain", "--corpus", "c.txt", "--mlm-probability", "0.2"]) is None
+    assert _refusal(["--prune-steps", "4", "--prune-every", "2", "--schedule-power", "2"]) is None
+    assert _refusal(["--schedule", "oneshot", "--prune-start", "3"]) is None
+
+
 def _refusal(argv, config: dict | None = None, tmp_path=None):
     """What cli.prune's check says of ``argv`` (and a --config file), without running anything."""
     from compress.cli.common import config_from_args, explicit_options

@@ -4,6 +4,7 @@ reads, and a resumed run that keeps the checkpoint's zeros."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -72,3 +73,27 @@ def test_callback_prunes_on_schedule_logs_and_resumes(parts, tmp_path):
     assert compress.verify_masks(resumed / "checkpoint-6")["sparsity"] == pytest.approx(0.5, abs=1e-4)
     for name, zero in before.items():
         assert torch.equal(after[name], zero), name  # the same weights: nothing regrew, nothing new
+
+
+def test_callback_stops_a_diverged_run_before_saving_its_step(parts, tmp_path, monkeypatch):
+    from compress.errors import TrainingDivergedError
+
+    config, tokenizer, data = parts
+    model, calls = _model(config), []
+    real = type(model).forward
+
+    @functools.wraps(real)  # the same signature: the Trainer keeps the columns it names
+    def forward(self, *args, **kwargs):  # the loss of the third training step is NaN
+        out = real(self, *args, **kwargs)
+        calls.append(self.training)  # not the forward passes of the callback's reload check
+        if calls.count(True) == 3 and self.training:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(type(model), "forward", forward)
+    out = tmp_path / "out"
+    cb = compress.PruningCallback(0.5, model=model, prune_steps=2, prune_every=1)
+    with pytest.raises(TrainingDivergedError, match=r"NaN/inf values after step 3 .*learning_rate=0.01"):
+        _trainer(model, data, tokenizer, out, 4, [cb]).train()
+    assert (out / "checkpoint-2").is_dir()  # the last good step's checkpoint (save_steps=2)
+    assert not (out / "checkpoint-4").exists() and not (out / "model.safetensors").exists()

@@ -124,10 +124,20 @@ def test_agreement():
     (dict(teacher="x", kd_lambda=-1.0), "--kd-lambda must be in"),
     (dict(teacher="x", temperature=0.0), "--temperature must be in"),
     (dict(kd_hidden=1.0), "--kd-hidden applies with --teacher only"),
+    (dict(teacher="x", temperature=100.5), r"--temperature must be in \(0, 100.0\], got 100.5"),
+    (dict(teacher="x", temperature=float("inf")), "--temperature must be in"),
+    (dict(teacher="x", kd_lambda=1e4 + 1), r"--kd-lambda must be in \[0, 10000.0\]"),
+    (dict(teacher=""), "--teacher '' is empty"),
+    (dict(teacher=" \t"), r"--teacher ' \\t' is empty"),
 ])
 def test_bad_options(kw, needle):
     with pytest.raises(UsageError, match=needle):
         TeacherKDOptions(**kw)
+
+
+def test_bounds_are_inclusive_where_documented():
+    TeacherKDOptions(teacher="x", temperature=100.0, kd_lambda=1e4)
+    TeacherKDOptions(teacher="x", kd_lambda=0.0)
 
 
 def test_lambda_defaults_follow_compress_distill():
