@@ -123,32 +123,34 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
             if handle is not None:
                 handle.remove()
 
-    with unit_masks(model, heads, neurons):
-        for lay in layers:
-            for role, values, width in (("attn_out", heads, d), ("ffn_out", neurons, 1)):
-                kept = values[lay.index].nonzero().squeeze(1)
-                w = lay.linears[role].weight.detach().float()
-                bias = lay.linears[role].bias
-                w_k = w.view(w.shape[0], -1, width)[:, kept]  # [hidden, kept, width]
-                gram = torch.zeros(len(kept), len(kept), dtype=torch.float64, device=w.device)
-                rhs = torch.zeros(len(kept), dtype=torch.float64, device=w.device)
-                const = 0.0
-                for b, batch in enumerate(batches):
-                    x = _tokens(replay(lay, b, role), batch).float()
-                    x = x.view(x.shape[0], -1, width)[:, kept]  # [tokens, kept, width]
-                    r = _tokens(targets[b][(lay.index, role)], batch).float()
-                    if bias is not None:
-                        r = r - bias.detach().float()
-                    g, rh = _normal_equations(x, w_k, r)
-                    gram += g.double()
-                    rhs += rh.double()
-                    const += float((r.double() ** 2).sum())
-                scales, before, after = _solve(gram, rhs, const, damping)
-                values[lay.index][kept] = scales.float().cpu()
-                report["attn_error" if role == "attn_out" else "ffn_error"].append([before, after])
-            for b in range(len(batches)):
-                stream[b] = replay(lay, b)
-    model.train(was_training)
+    try:
+        with unit_masks(model, heads, neurons):
+            for lay in layers:
+                for role, values, width in (("attn_out", heads, d), ("ffn_out", neurons, 1)):
+                    kept = values[lay.index].nonzero().squeeze(1)
+                    w = lay.linears[role].weight.detach().float()
+                    bias = lay.linears[role].bias
+                    w_k = w.view(w.shape[0], -1, width)[:, kept]  # [hidden, kept, width]
+                    gram = torch.zeros(len(kept), len(kept), dtype=torch.float64, device=w.device)
+                    rhs = torch.zeros(len(kept), dtype=torch.float64, device=w.device)
+                    const = 0.0
+                    for b, batch in enumerate(batches):
+                        x = _tokens(replay(lay, b, role), batch).float()
+                        x = x.view(x.shape[0], -1, width)[:, kept]  # [tokens, kept, width]
+                        r = _tokens(targets[b][(lay.index, role)], batch).float()
+                        if bias is not None:
+                            r = r - bias.detach().float()
+                        g, rh = _normal_equations(x, w_k, r)
+                        gram += g.double()
+                        rhs += rh.double()
+                        const += float((r.double() ** 2).sum())
+                    scales, before, after = _solve(gram, rhs, const, damping)
+                    values[lay.index][kept] = scales.float().cpu()
+                    report["attn_error" if role == "attn_out" else "ffn_error"].append([before, after])
+                for b in range(len(batches)):
+                    stream[b] = replay(lay, b)
+    finally:
+        model.train(was_training)
     return report
 
 
