@@ -1,6 +1,6 @@
 """Fisher-guided structured pruning (Kwon et al. 2022): importances against an independent
 autograd computation, the search against brute force, least-squares tuning on a known answer, and
-the whole path on BERT, DistilBERT, RoBERTa and ALBERT."""
+the whole path on BERT, DistilBERT, RoBERTa, ELECTRA, ModernBERT and ALBERT."""
 
 from __future__ import annotations
 
@@ -251,7 +251,7 @@ def test_tuning_never_raises_the_layer_error_and_recovers_a_duplicated_head_and_
     assert any(a < 0.99 * b for b, a in tuned["attn_error"] + tuned["ffn_error"])
 
 
-@pytest.mark.parametrize("arch", ["bert", "distilbert", "roberta"])
+@pytest.mark.parametrize("arch", ["bert", "distilbert", "roberta", "electra", "modernbert"])
 def test_fisher_prune_structured_end_to_end(arch, tmp_path):
     model = tiny_arch(arch)
     original = copy.deepcopy(model)
