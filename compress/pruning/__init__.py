@@ -9,5 +9,8 @@ Unstructured magnitude pruning (Gordon, Duh & Andrews 2020), as pure pieces plus
 - ``integrity``: masked weights must stay zero (``check_masks``, ``verify_run``);
 - ``mlm``: continued masked-LM pre-training (corpus, 80/10/10 masking, held-out loss).
 
-``structured`` (whole heads / FFN neurons) is separate. The workflows live in ``compress.recipes.prune``.
+``structured`` (whole heads / FFN neurons, by weight magnitude) is separate, and so is
+``fisher_structured`` (the same removal guided by the mask Fisher under a FLOPs target, after Kwon
+et al. 2022; helpers in ``fisher_masks``, ``fisher_search``, ``fisher_tuning``).
+The workflows live in ``compress.recipes.prune``.
 """

@@ -27,6 +27,10 @@ Loading. A stock config holds one size for all layers; ``compress.pruning.modeli
 and model classes that build each layer at its size. Importing this module registers them with
 the transformers Auto classes; a saved pruned model also carries that file and an ``auto_map``,
 so ``from_pretrained(folder, trust_remote_code=True)`` works without compress.
+
+Planning and applying are separate: ``prune_structured`` plans by magnitude and then calls
+``remove_structured(model, keep_heads, keep_neurons)``, which other importance criteria
+(``compress.pruning.fisher_structured``) call with their own per-layer keep lists.
 """
 
 from __future__ import annotations
@@ -203,22 +207,64 @@ def prune_structured(model: nn.Module, sparsity: float,
     """
     targets = tuple(targets)
     _check_args(sparsity, targets)
-    layout = find_layout(model)
-    if layout is None:
-        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise UsageError(f"structured pruning supports the BERT-family encoders of the role table "
-                         f"({', '.join(SUPPORTED)}), got {model_type}")
-    pruned_class = _pruned_class(model)
+    layout = _structured_layout(model)
+    _pruned_class(model)  # refuse an unsupported head class before any planning
     layers = encoder_layers(model, layout)
     _, head_dim = head_layout(model)
     before = layer_sizes(model)
-    params_before = sum(p.numel() for p in model.parameters())
 
     # plan everything first: a refusal leaves the model as it was
     keep_heads = (plan_removal([head_scores(lay, head_dim) for lay in layers], sparsity, "heads")
                   if "heads" in targets else [list(range(n)) for n in before["heads"]])
     keep_neurons = (plan_removal([neuron_scores(lay, layout) for lay in layers], sparsity, "FFN neurons")
                     if "ffn" in targets else [list(range(n)) for n in before["ffn"]])
+    removal = remove_structured(model, keep_heads, keep_neurons)
+    return {"targets": list(targets), "sparsity": sparsity, "architecture": layout.name,
+            "importance": IMPORTANCE, **removal}
+
+
+def _structured_layout(model: nn.Module) -> EncoderLayout:
+    layout = find_layout(model)
+    if layout is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise UsageError(f"structured pruning supports the BERT-family encoders of the role table "
+                         f"({', '.join(SUPPORTED)}), got {model_type}")
+    return layout
+
+
+def _check_keep(keep: list[list[int]], sizes: list[int], unit: str) -> list[list[int]]:
+    """Sorted, in-range, non-empty keep lists, one per layer; UsageError naming the first bad one."""
+    if len(keep) != len(sizes):
+        raise UsageError(f"keep lists for {unit} name {len(keep)} layers; the model has {len(sizes)}")
+    out = []
+    for i, (k, n) in enumerate(zip(keep, sizes)):
+        k = sorted({int(j) for j in k})
+        if not k:
+            raise UsageError(f"layer {i} would keep no {unit}; keep at least one per layer")
+        if k[0] < 0 or k[-1] >= n:
+            raise UsageError(f"layer {i} keeps {unit} index {k[0] if k[0] < 0 else k[-1]}, "
+                             f"outside 0..{n - 1}")
+        out.append(k)
+    return out
+
+
+def remove_structured(model: nn.Module, keep_heads: list[list[int]],
+                      keep_neurons: list[list[int]]) -> dict[str, Any]:
+    """Keep exactly ``keep_heads[l]`` / ``keep_neurons[l]`` (indices into layer l's current heads /
+    FFN neurons) of every encoder layer of ``model``, removing the rest in place.
+
+    The model becomes the matching ``Compress*`` class (see ``prune_structured``). Lists are
+    validated first (one per layer, in range, none empty: UsageError, model unchanged).
+    Returns the sizes before/after, the heads kept per layer and the parameter counts.
+    """
+    layout = _structured_layout(model)
+    pruned_class = _pruned_class(model)
+    layers = encoder_layers(model, layout)
+    _, head_dim = head_layout(model)
+    before = layer_sizes(model)
+    keep_heads = _check_keep(keep_heads, before["heads"], "heads")
+    keep_neurons = _check_keep(keep_neurons, before["ffn"], "FFN neurons")
+    params_before = sum(p.numel() for p in model.parameters())
 
     for layer, heads, neurons in zip(layers, keep_heads, keep_neurons):
         if len(heads) < head_count(layer, head_dim):
@@ -245,9 +291,7 @@ def prune_structured(model: nn.Module, sparsity: float,
     params_after = sum(p.numel() for p in model.parameters())
     heads_b, heads_a = sum(before["heads"]), sum(after["heads"])
     ffn_b, ffn_a = sum(before["ffn"]), sum(after["ffn"])
-    report = {"targets": list(targets), "sparsity": sparsity, "architecture": layout.name,
-              "importance": IMPORTANCE,
-              "layer_heads_before": before["heads"], "layer_heads": after["heads"],
+    report = {"layer_heads_before": before["heads"], "layer_heads": after["heads"],
               "kept_heads": keep_heads,
               "layer_ffn_before": before["ffn"], "layer_ffn": after["ffn"],
               "heads_removed": heads_b - heads_a, "heads_removed_fraction": (heads_b - heads_a) / heads_b,

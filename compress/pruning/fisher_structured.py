@@ -1,0 +1,136 @@
+"""Fisher-guided structured pruning after Kwon et al. 2022, "A Fast Post-Training Pruning Framework
+for Transformers": no retraining, a few hundred examples, a FLOPs target.
+
+    fisher_prune_structured(model, batches, flops_reduction, seq_len, targets=("heads", "ffn"),
+                            rearrange=True, tune=True) -> dict
+
+removes heads and FFN neurons of any encoder of the role table (``compress.architectures``) in
+place so that the encoder's FLOPs at ``seq_len`` tokens drop by at least ``flops_reduction``, and
+returns a report (FLOPs before/after, units kept per layer, mask values, seconds per phase).
+``batches``: dicts of tensors the model takes, with ``labels`` (or ``start_positions`` /
+``end_positions``) for the task loss, without them for self-labelled cross-entropy.
+
+Phases, each usable alone:
+
+1. ``fisher_importance`` (``fisher_masks``): a multiplicative mask, all ones, on each head's
+   context columns (the ``attn_out`` input, head h = columns h*d:(h+1)*d) and each neuron's
+   activation (the ``ffn_out`` input, neuron j = column j), set by pre-hooks, so every architecture
+   of the table works. The masks carry a batch dimension, so one backward pass of the summed
+   per-example losses gives every example's own gradient exactly (examples do not interact in an
+   encoder run in eval mode); importance = sum over examples of the squared gradient (the
+   empirical Fisher diagonal).
+2. ``search_masks`` (``fisher_search``): the FLOPs-constrained search.
+3. ``rearrange_masks`` (``fisher_search``): greedy swaps under each layer's block of the Fisher.
+4. ``tune_masks_least_squares`` (``fisher_tuning``): per layer in order, real-valued scales of
+   the kept heads, then of the kept neurons, fitted by ridge-damped least squares so the pruned
+   layer's attention / FFN output (before residual and LayerNorm) matches the dense model's; the
+   later layers see the tuned earlier ones. Scales that would not lower the error fall back to 1.
+5. the scales are folded into the ``attn_out`` / ``ffn_out`` columns and the units are removed by
+   ``compress.pruning.structured.remove_structured`` (same saved format as ``prune_structured``).
+
+FLOPs (1 MAC = 2 FLOPs, as ``compress.measure``): per sequence of L tokens, a head costs
+L * 4 * hidden * d (its Q, K, V rows and output columns) + 2 * L^2 * d (scores and context) MACs
+and a neuron L * 2 * hidden (its input row, gate row too in a gated FFN, and output column).
+ALBERT's shared layer counts once per pass. DeBERTa's relative-position terms and all
+element-wise ops (LayerNorm, softmax, activations) are not counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from compress.architectures import layout_for
+from compress.errors import UsageError
+from compress.pruning.fisher_masks import (
+    FisherImportance,
+    fisher_importance,
+    per_example_loss,
+    unit_flops,
+    unit_masks,
+)
+from compress.pruning.fisher_search import TARGETS, rearrange_masks, search_masks
+from compress.pruning.fisher_tuning import fold_scales, tune_masks_least_squares
+from compress.pruning.structured import remove_structured
+
+IMPORTANCE = ("empirical Fisher diagonal of per-head / per-neuron multiplicative masks (Kwon et al. 2022): "
+              "sum over examples of the squared per-example gradient")
+
+__all__ = ["FisherImportance", "fisher_importance", "fisher_prune_structured", "fold_scales",
+           "per_example_loss", "rearrange_masks", "search_masks", "tune_masks_least_squares",
+           "unit_flops", "unit_masks"]
+
+
+def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
+                            flops_reduction: float, seq_len: int, targets: tuple[str, ...] = TARGETS,
+                            rearrange: bool = True, tune: bool = True,
+                            loss_fn: Callable[[Any, dict], torch.Tensor] | None = None) -> dict[str, Any]:
+    """Remove heads / FFN neurons of ``model`` in place so the encoder's FLOPs at ``seq_len``
+    tokens fall by at least ``flops_reduction`` (in (0, 1)); see the module docstring."""
+    if not 0 < flops_reduction < 1:
+        raise UsageError(f"flops_reduction must be in (0, 1), got {flops_reduction}")
+    if seq_len < 1:
+        raise UsageError(f"seq_len must be a positive number of tokens, got {seq_len}")
+    targets = tuple(targets)
+    for t in targets:
+        if t not in TARGETS:
+            raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(TARGETS)}")
+    layout = layout_for(model)
+    batches = list(batches)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[phase] = round(now - clock, 3)
+        clock = now
+
+    fisher = fisher_importance(model, batches, loss_fn)
+    lap("fisher")
+    per_head, per_neuron = unit_flops(model, seq_len)
+
+    def flops(n_heads, n_neurons):
+        return sum(n_heads) * per_head + sum(n_neurons) * per_neuron
+
+    before = flops([len(h) for h in fisher.heads], [len(n) for n in fisher.neurons])
+    keep_heads, keep_neurons = search_masks(fisher.heads, fisher.neurons, per_head, per_neuron,
+                                            (1 - flops_reduction) * before, targets)
+    lap("search")
+    if rearrange:
+        keep_heads, keep_neurons = rearrange_masks(keep_heads, keep_neurons, fisher.head_grads,
+                                                   fisher.neuron_grads)
+    lap("rearrange")
+    if tune:
+        tuned = tune_masks_least_squares(model, batches, keep_heads, keep_neurons)
+    else:
+        tuned = {"heads": [torch.zeros(len(h)).index_fill_(0, torch.tensor(k), 1.0)
+                           for h, k in zip(fisher.heads, keep_heads)],
+                 "neurons": [torch.zeros(len(n)).index_fill_(0, torch.tensor(k), 1.0)
+                             for n, k in zip(fisher.neurons, keep_neurons)]}
+    lap("tune")
+    fold_scales(model, tuned["heads"], tuned["neurons"])
+    removal = remove_structured(model, keep_heads, keep_neurons)
+    lap("remove")
+    after = flops([len(h) for h in keep_heads], [len(n) for n in keep_neurons])
+    report = {"method": "fisher (Kwon et al. 2022)", "importance": IMPORTANCE, "loss": fisher.loss,
+              "architecture": layout.name, "targets": list(targets), "seq_len": seq_len,
+              "examples": int(fisher.head_grads[0].shape[0]),
+              "flops_reduction_requested": flops_reduction,
+              "encoder_flops_before": before, "encoder_flops_after": after,
+              "flops_reduction": 1 - after / before,
+              "flops_per_head": per_head, "flops_per_neuron": per_neuron,
+              "flops_not_counted": "element-wise ops (LayerNorm, softmax, activations, biases); "
+                                   "DeBERTa's relative-position terms; embeddings and task head",
+              "rearranged": rearrange, "tuned": tune and "skipped" not in tuned,
+              "head_masks": [v.tolist() for v in tuned["heads"]],
+              "neuron_masks": [v.tolist() for v in tuned["neurons"]],
+              "kept_neurons": keep_neurons, **removal, "seconds": seconds}
+    for key in ("attn_error", "ffn_error", "skipped"):
+        if key in tuned:
+            report[f"tune_{key}"] = tuned[key]
+    return report

@@ -1,0 +1,164 @@
+"""Phase 4 of Fisher-guided structured pruning (``compress.pruning.fisher_structured``): Kwon et
+al.'s mask tuning by layer-wise least squares, and folding the tuned mask values into the weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from compress.architectures import encoder_layers, head_layout, layout_for
+from compress.errors import ModelError
+from compress.pruning.fisher_masks import split_labels, unit_masks
+
+
+class _Stop(Exception):
+    """Raised by a capture hook: the rest of the layer is not needed."""
+
+
+def _solve(gram: torch.Tensor, rhs: torch.Tensor, const: float,
+           damping: float) -> tuple[torch.Tensor, float, float]:
+    """Scales minimising ``|sum_k s_k C_k - R|^2`` (= s^T G s - 2 s^T r + |R|^2) + a ridge pulling
+    them towards 1; returns (scales, error at 1, error at the scales), falling back to 1."""
+    ones = torch.ones_like(rhs)
+
+    def err(s):
+        return float(s @ gram @ s - 2 * s @ rhs + const)
+
+    lam = damping * float(gram.diagonal().mean().clamp_min(1e-30))
+    eye = torch.eye(len(rhs), dtype=gram.dtype)
+    scales = torch.linalg.solve(gram + lam * eye, rhs + lam * ones)
+    before, after = err(ones), err(scales)
+    if not torch.isfinite(scales).all() or after > before:
+        return ones, before, before
+    return scales, before, after
+
+
+def _normal_equations(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gram matrix ``[k, k]`` and right-hand side ``[k]`` of ``min_s |sum_k s_k C_k - r|^2``, where unit
+    k's contribution to token n is ``C_k[n] = w[:, k] @ x[n, k]`` (``x`` ``[tokens, k, width]``, ``w``
+    ``[out, k, width]``, ``r`` ``[tokens, out]``). Width-1 units (neurons) use
+    ``(X^T X) * (W^T W)`` and never build the ``[tokens, k, out]`` contributions."""
+    if x.shape[2] == 1:
+        a, w1 = x[:, :, 0], w[:, :, 0]
+        return (a.T @ a) * (w1.T @ w1), (a * (r @ w1)).sum(0)
+    contrib = torch.einsum("nkw,okw->nko", x, w)
+    return torch.einsum("nko,njo->kj", contrib, contrib), torch.einsum("nko,no->k", contrib, r)
+
+
+def _tokens(x: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[tokens, features]``, padded positions dropped when the batch has an attention mask."""
+    mask = batch.get("attention_mask")
+    if mask is not None and x.dim() == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+        return x[mask.bool()]
+    return x.reshape(-1, x.shape[-1])
+
+
+@torch.no_grad()
+def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Tensor]],
+                             keep_heads: list[list[int]], keep_neurons: list[list[int]],
+                             damping: float = 1e-3) -> dict[str, Any]:
+    """Kwon et al.'s mask tuning (module docstring, phase 4); the model's weights are not changed.
+
+    Returns ``heads`` / ``neurons``: per layer, full-length mask values (0 for removed units, the
+    fitted scale for kept ones), and per layer the squared output error at scale 1 and tuned
+    (``attn_error``, ``ffn_error``: [before, after]). Memory: the dense attention and FFN outputs
+    of every layer, 2 x layers x tokens x hidden floats. ALBERT's shared layers are not tuned
+    (one set of scales would serve every pass): scales stay 1 and ``skipped`` says so.
+    """
+    layout = layout_for(model)
+    layers = encoder_layers(model, layout)
+    _, d = head_layout(model)
+    heads = [torch.zeros(lay.linears["attn_out"].in_features // d) for lay in layers]
+    neurons = [torch.zeros(lay.linears["ffn_out"].in_features) for lay in layers]
+    for values, keep in ((heads, keep_heads), (neurons, keep_neurons)):
+        for v, k in zip(values, keep):
+            v[k] = 1.0
+    report: dict[str, Any] = {"heads": heads, "neurons": neurons, "attn_error": [], "ffn_error": []}
+    if layout.shared_layers:
+        report["skipped"] = "shared layers (ALBERT): one set of scales would serve every pass"
+        return report
+    was_training = model.training
+    model.eval()
+    # dense pass: each layer's inputs (layer 0's hidden states; the other arguments of every
+    # layer) and its attention / FFN outputs, the targets
+    calls: list[list[tuple[tuple, dict]]] = []
+    targets: list[dict[tuple[int, str], torch.Tensor]] = []
+    hooks = []
+    for lay in layers:
+        hooks.append(lay.module.register_forward_pre_hook(
+            # only layer 0's hidden states are kept: the others come from the tuned stream
+            lambda m, a, k: calls[-1].append((a if not calls[-1] else (None,) + a[1:], k)),
+            with_kwargs=True))
+        for role in ("attn_out", "ffn_out"):
+            hooks.append(lay.linears[role].register_forward_hook(
+                lambda m, a, out, key=(lay.index, role): targets[-1].__setitem__(key, out)))
+    try:
+        for batch in batches:
+            calls.append([])
+            targets.append({})
+            model(**split_labels(batch)[0])
+            if len(calls[-1]) != len(layers):
+                raise ModelError(f"expected one call per layer, got {len(calls[-1])} for {len(layers)}")
+    finally:
+        for h in hooks:
+            h.remove()
+    stream = [c[0][0][0] for c in calls]
+
+    def replay(lay, b, capture=None):
+        """Run layer ``lay`` on the tuned stream; with ``capture``, stop at that role's input."""
+        args, kwargs = calls[b][lay.index]
+        handle = None
+        if capture:
+            def grab(m, a):
+                raise _Stop(a[0])
+            handle = lay.linears[capture].register_forward_pre_hook(grab)
+        try:
+            out = lay.module(stream[b], *args[1:], **kwargs)
+            return out[0] if isinstance(out, tuple) else out
+        except _Stop as stop:
+            return stop.args[0]
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    try:
+        with unit_masks(model, heads, neurons):
+            for lay in layers:
+                for role, values, width in (("attn_out", heads, d), ("ffn_out", neurons, 1)):
+                    kept = values[lay.index].nonzero().squeeze(1)
+                    w = lay.linears[role].weight.detach().float()
+                    bias = lay.linears[role].bias
+                    w_k = w.view(w.shape[0], -1, width)[:, kept]  # [hidden, kept, width]
+                    gram = torch.zeros(len(kept), len(kept), dtype=torch.float64, device=w.device)
+                    rhs = torch.zeros(len(kept), dtype=torch.float64, device=w.device)
+                    const = 0.0
+                    for b, batch in enumerate(batches):
+                        x = _tokens(replay(lay, b, role), batch).float()
+                        x = x.view(x.shape[0], -1, width)[:, kept]  # [tokens, kept, width]
+                        r = _tokens(targets[b][(lay.index, role)], batch).float()
+                        if bias is not None:
+                            r = r - bias.detach().float()
+                        g, rh = _normal_equations(x, w_k, r)
+                        gram += g.double()
+                        rhs += rh.double()
+                        const += float((r.double() ** 2).sum())
+                    scales, before, after = _solve(gram, rhs, const, damping)
+                    values[lay.index][kept] = scales.float().cpu()
+                    report["attn_error" if role == "attn_out" else "ffn_error"].append([before, after])
+                for b in range(len(batches)):
+                    stream[b] = replay(lay, b)
+    finally:
+        model.train(was_training)
+    return report
+
+
+@torch.no_grad()
+def fold_scales(model: nn.Module, heads: list[torch.Tensor], neurons: list[torch.Tensor]) -> None:
+    """Multiply each head's ``attn_out`` columns and each neuron's ``ffn_out`` column by its mask
+    value, so the model computes, without hooks, what it computed under ``unit_masks``."""
+    _, d = head_layout(model)
+    for lay in encoder_layers(model):
+        lay.linears["attn_out"].weight.mul_(heads[lay.index].repeat_interleave(d).to(lay.linears["attn_out"].weight))
+        lay.linears["ffn_out"].weight.mul_(neurons[lay.index].to(lay.linears["ffn_out"].weight))
