@@ -7,7 +7,8 @@ from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig
 from compress.recipes.prune import PruneConfig, run_prune
 
-HELP = "magnitude-prune a BERT encoder during pre-training, fine-tuning, or after fine-tuning"
+HELP = ("prune a BERT encoder by magnitude during pre-training, fine-tuning or after it, or once from "
+        "calibration data (SparseGPT, Wanda, Fisher-structured)")
 EXAMPLES = """examples:
   compress prune --sparsity 0.4                       # packaged MiniLM, bundled sample, stage finetune
   compress prune --sparsity 0.4 --task sst2 --data-dir ../shared/data --train-limit 20000
@@ -18,6 +19,12 @@ EXAMPLES = """examples:
   compress prune --sparsity 0.6 --stage after-finetune --teacher self   # distillation-aware pruning
   compress prune --sparsity 0.8 --model minilm --teacher artifacts/finetune/RUN --task sst2 ...
   compress prune --pattern 2:4 --schedule oneshot --stage after-finetune   # 2:4 semi-structured
+  compress prune --stage post-training --model artifacts/finetune/RUN --criterion sparsegpt --sparsity 0.6 \
+      --task sst2 --data-dir ../shared/data      # one-shot from 512 training sentences, no training
+  compress prune --stage post-training --model RUN --criterion sparsegpt --pattern 2:4 --recovery-steps 250 \
+      --teacher self --task sst2 ...             # then 250 steps distilling from the dense model
+  compress prune --stage post-training --model RUN --structured heads,ffn --criterion fisher \
+      --flops-reduction 0.4 --task sst2 ...      # Kwon et al.: Fisher search + least-squares tuning
   compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
@@ -56,6 +63,12 @@ def refuse_ignored_options(cfg: PruneConfig, given: set[str]) -> None:
                "layers: no schedule, scope or --include/--exclude)")
         ignored[why] = [f for f in STRUCTURED_IGNORES if f in given
                         and not (f == "schedule" and cfg.schedule == "oneshot")]
+    if cfg.criterion == "fisher":
+        ignored["--criterion fisher (its target is --flops-reduction)"] = [
+            f for f in ("sparsity",) if f in given]
+    if cfg.stage == "post-training":
+        ignored["--stage post-training (one prune from calibration data, before any training)"] = [
+            f for f in ("schedule",) if f in given]
     if cfg.schedule == "oneshot" and not cfg.structured:
         ignored["--schedule oneshot (all pruning at --prune-start: no ramp)"] = [
             f for f in ONESHOT_IGNORES if f in given]

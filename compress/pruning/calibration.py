@@ -35,7 +35,7 @@ import torch
 from compress.architectures import encoder_layers, layout_for
 from compress.config import check_sparsity
 from compress.errors import UsageError
-from compress.pruning.criteria import Criterion, LayerStats, get_criterion
+from compress.pruning.criteria import Criterion, LayerStats, unstructured
 from compress.pruning.masks import NMPattern, keep_mask_flat, n_pruned, nm_mask
 from compress.pruning.sparsegpt import sparsegpt_prune
 
@@ -167,7 +167,7 @@ def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Paramet
     other keys are ignored). Returns the masks (CPU bool, True = kept) and a report: per-matrix
     sparsity (and SparseGPT's estimated error), the calibration tokens, seconds and peak memory.
     ``initial_masks`` (True = kept) stay pruned. The model is left in the train/eval mode it had."""
-    crit = get_criterion(criterion)
+    crit = unstructured(criterion)
     if scope not in ("local", "global"):
         raise UsageError(f"unknown scope '{scope}'; choose one of: local, global")
     if pattern is not None:

@@ -54,6 +54,7 @@ class Criterion:
     needs: frozenset[str] = frozenset()
     compare: str = "matrix"  # "matrix" or "row": the comparison group in local scope
     reconstructs: bool = False  # prunes and updates the kept weights (``compress.pruning.sparsegpt``)
+    structured_only: bool = False  # scores whole heads / FFN neurons, not single weights
 
     @property
     def data_aware(self) -> bool:
@@ -104,6 +105,11 @@ CRITERIA: dict[str, Criterion] = {
     "sparsegpt": Criterion("sparsegpt", "layer-wise OBS reconstruction of the kept weights (needs "
                                         "calibration)", obs_saliency, frozenset({"input_gram"}),
                            reconstructs=True),
+    # heads and FFN neurons (``compress.pruning.fisher_structured``), with --structured only
+    "fisher": Criterion("fisher", "Fisher information of head / FFN-neuron masks, searched under a "
+                                  "FLOPs target with least-squares mask tuning (Kwon et al. 2022; "
+                                  "--structured, needs calibration)",
+                        needs=frozenset({"grad_sq"}), structured_only=True),
 }
 
 
@@ -113,10 +119,19 @@ def get_criterion(name: str) -> Criterion:
     return CRITERIA[name]
 
 
+def unstructured(name: str) -> Criterion:
+    """The criterion ``name`` when it scores single weights; UsageError for a structured one."""
+    crit = get_criterion(name)
+    if crit.structured_only:
+        raise UsageError(f"criterion '{name}' removes whole heads / FFN neurons: add --structured "
+                         "heads,ffn (and --flops-reduction)")
+    return crit
+
+
 def weight_only(name: str) -> Criterion:
     """The criterion ``name`` when it scores from weights alone (the training-time pruner's kind);
     UsageError naming the one-shot alternative for a criterion that needs calibration data."""
-    crit = get_criterion(name)
+    crit = unstructured(name)
     if crit.data_aware:
         raise UsageError(f"criterion '{name}' needs calibration data and prunes once: use --stage "
                          f"post-training (a fine-tuned model; --recovery-steps N to train after), or "

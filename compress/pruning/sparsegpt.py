@@ -68,8 +68,24 @@ def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, prune_count: int |
     rows, cols = weight.shape
     if pattern is not None and blocksize % pattern[1]:
         blocksize = pattern[1] * max(1, blocksize // pattern[1])
-    w = weight.detach().to(torch.float64).clone()
-    u = torch.linalg.cholesky(damped_inverse(gram, weight, percdamp), upper=True)
+    # the inverse and its factor in float64; the column sweep in the weight's precision (float32 for
+    # a float32 model, as the reference code does: the sweep is most of the time)
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    u = torch.linalg.cholesky(damped_inverse(gram, weight, percdamp), upper=True).to(dtype)
+    w = weight.detach().to(dtype).clone()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the sweep's operations are small: threads only add synchronisation
+    try:
+        return _sweep(w, u, weight.dtype, prune_count, pattern, forced, blocksize, block_split)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sweep(w: torch.Tensor, u: torch.Tensor, out_dtype: torch.dtype, prune_count: int | None,
+           pattern: tuple[int, int] | None, forced: torch.Tensor | None, blocksize: int,
+           block_split: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """SparseGPT's column sweep over ``w`` with ``u`` the upper Cholesky factor of ``H^-1``."""
+    rows, cols = w.shape
     pruned = torch.zeros(rows, cols, dtype=torch.bool, device=w.device)
     forced = (torch.zeros_like(pruned) if forced is None else forced.to(w.device, torch.bool))
     counts = None
@@ -105,4 +121,4 @@ def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, prune_count: int |
         w[:, i1:i2] = w1
         w[:, i2:] -= err1 @ u[i1:i2, i2:]
     w.masked_fill_(pruned, 0.0)
-    return w.to(weight.dtype), ~pruned, error
+    return w.to(out_dtype), ~pruned, error

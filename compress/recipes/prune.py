@@ -121,6 +121,9 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                                  "comparison")
     structured: tuple[str, ...] = option((), help="remove whole units instead: heads,ffn (uses "
                                                   "compress.pruning.structured)")
+    flops_reduction: float | None = option(None, help="--structured with --criterion fisher: fraction "
+                                                      "of the encoder's FLOPs at --max-length to "
+                                                      "remove, in (0, 1)")
     pattern: str | None = option(None, help="N:M semi-structured sparsity, e.g. 2:4: the N smallest "
                                             "|w| of every group of M consecutive weights along each "
                                             "pruned matrix's input dimension are zeroed (sparsity "
@@ -166,9 +169,17 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         self._check_calibration()
         if self.corpus and self.stage != "pretrain":
             raise UsageError("--corpus applies to --stage pretrain only")
-        if self.structured and self.criterion != "magnitude":
-            raise UsageError("--structured prunes by magnitude; drop --criterion "
-                             f"'{self.criterion}'")
+        if self.structured and self.criterion not in ("magnitude", "fisher"):
+            raise UsageError("--structured ranks heads / FFN neurons by magnitude or by fisher (--stage "
+                             f"post-training); drop --criterion '{self.criterion}'")
+        if get_criterion(self.criterion).structured_only and not self.structured:
+            raise UsageError(f"--criterion {self.criterion} removes whole heads / FFN neurons: add "
+                             "--structured heads,ffn and --flops-reduction F")
+        if (self.flops_reduction is None) != (self.criterion != "fisher"):
+            raise UsageError("--flops-reduction sets the target of --criterion fisher (with --structured), "
+                             "and fisher needs it: use both or neither")
+        if self.flops_reduction is not None:
+            check_range("flops_reduction", self.flops_reduction, 0, 1, lo_open=True, hi_open=True)
         if self.resume and self.out is None:  # checked here too, before any data or model is loaded
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
@@ -264,13 +275,17 @@ def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_ste
     return pruner, _ScheduledPruningHook(pruner, module, factory)
 
 
-def run_structured(module: torch.nn.Module, cfg: PruneConfig) -> dict:
-    """Remove whole heads / FFN neurons (``compress.pruning.structured``), imported only when asked."""
-    try:
-        from compress.pruning.structured import prune_structured
-    except ImportError as exc:
-        raise UsageError(f"--structured is not available here ({exc}); use unstructured pruning "
-                         "(leave --structured unset)") from None
+def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict] | None = None) -> dict:
+    """Remove whole heads / FFN neurons: by L2 norm (``compress.pruning.structured``), or with
+    ``--criterion fisher`` by Kwon et al.'s search on the calibration ``batches``
+    (``compress.pruning.fisher_structured``)."""
+    if cfg.criterion == "fisher":
+        from compress.pruning.fisher_structured import fisher_prune_structured
+
+        return fisher_prune_structured(module, batches, cfg.flops_reduction, cfg.max_length,
+                                       tuple(cfg.structured))
+    from compress.pruning.structured import prune_structured
+
     return prune_structured(module, cfg.sparsity, tuple(cfg.structured))
 
 
@@ -600,7 +615,7 @@ def prune_post_training(cfg: PruneConfig) -> Path:
         run.log_metrics({"phase": "dense", "eval": dense})
         masks, calibration, structured = None, None, None
         if cfg.structured:
-            structured = run_structured(model, cfg)
+            structured = run_structured(model, cfg, batches)
         else:
             masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity,
                                                   cfg.scope, pattern, initial, seed=cfg.seed)

@@ -1,0 +1,165 @@
+"""`compress prune --stage post-training` through the real CLI on tiny random encoders: one-shot
+SparseGPT / Wanda / Fisher-structured pruning of a fine-tuned model, with and without recovery,
+then `verify`, `measure` and `export` on the result; the calibration reads the training split only;
+bad input ends in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from compress.cli.main import main
+from tests.integration.test_cli_prune_any_encoder import LAYER_KEYS
+from tests.tiny_encoders import ARCHITECTURES
+
+FAST = ("--batch-size", "8", "--max-length", "32")
+
+
+@pytest.fixture(scope="module")
+def finetuned(tiny_encoder, tmp_path_factory):
+    """``finetuned(arch)`` -> a run folder of the tiny ``arch`` fine-tuned 2 steps on the sample."""
+    built = {}
+
+    def make(arch: str):
+        if arch not in built:
+            out = tmp_path_factory.mktemp(f"ft_{arch}") / "run"
+            assert main(["finetune", "--model", str(tiny_encoder(arch)), "--max-steps", "2", *FAST,
+                         "--out", str(out)]) == 0
+            built[arch] = out
+        return built[arch]
+
+    return make
+
+
+def _layer_weights(run, arch: str) -> dict[str, torch.Tensor]:
+    weights = load_file(str(run / "model" / "model.safetensors"))
+    return {k: w for k, w in weights.items() if re.match(LAYER_KEYS[arch], k) and w.ndim == 2
+            and "norm" not in k.lower()}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_sparsegpt_one_shot_on_every_architecture_verifies(arch, finetuned, tmp_path):
+    out = tmp_path / "pt"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned(arch)), "--criterion",
+                 "sparsegpt", "--sparsity", "0.5", "--calibration-samples", "16", *FAST,
+                 "--out", str(out)]) == 0
+    weights = _layer_weights(out, arch)
+    assert len(weights) >= 6
+    for key, w in weights.items():
+        assert abs(float((w == 0).float().mean()) - 0.5) < 0.01, key
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stage"] == "post-training" and summary["recovery_steps"] == 0
+    assert set(summary) >= {"eval_dense", "eval_pruned_before_recovery", "eval", "calibration"}
+    assert summary["eval"] == summary["eval_pruned_before_recovery"]
+    assert summary["calibration"]["calibration_tokens"] > 0
+    cal = json.loads((out / "calibration.json").read_text())
+    assert any("estimated_error" in m for m in cal["matrices"].values())
+    assert main(["verify", str(out)]) == 0
+
+
+def test_wanda_2of4_then_measure_and_export(finetuned, tmp_path):
+    out = tmp_path / "pt"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--criterion",
+                 "wanda", "--pattern", "2:4", "--calibration-samples", "16", *FAST, "--out", str(out)]) == 0
+    for key, w in _layer_weights(out, "bert").items():
+        assert ((w.reshape(-1, 4) == 0).sum(dim=1) >= 2).all(), key
+    assert json.loads((out / "summary.json").read_text())["pattern"] == "2:4"
+    assert main(["verify", str(out)]) == 0
+    assert main(["measure", str(out), "--seq-len", "32"]) == 0
+    assert main(["export", str(out), "--to", str(tmp_path / "m.onnx")]) == 0
+    assert (tmp_path / "m.onnx").is_file()
+
+
+def test_recovery_with_the_dense_model_as_teacher_keeps_the_masks(finetuned, tmp_path):
+    out = tmp_path / "pt"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--criterion",
+                 "sparsegpt", "--sparsity", "0.6", "--calibration-samples", "16", "--recovery-steps", "3",
+                 "--teacher", "self", *FAST, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["recovery_steps"] == 3 and summary["distillation"] is not None
+    masks = load_file(str(out / "model" / "masks.safetensors"))
+    weights = load_file(str(out / "model" / "model.safetensors"))
+    for name, m in masks.items():
+        w = weights["bert." + name] if "bert." + name in weights else weights[name]
+        assert (w[~m.bool()] == 0).all(), name  # trained 3 steps, the pruned weights stayed zero
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in steps if "eval" in r] == ["dense", "pruned", "recovery"]
+    assert main(["verify", str(out)]) == 0
+
+
+def test_fisher_structured_reaches_the_flops_target_and_reloads(finetuned, tmp_path):
+    out = tmp_path / "pt"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--structured",
+                 "heads,ffn", "--criterion", "fisher", "--flops-reduction", "0.4",
+                 "--calibration-samples", "16", *FAST, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    result = summary["structured"]
+    assert result["flops_reduction"] >= 0.4
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert cfg["model_type"] == "compress_bert"
+    assert sum(cfg["layer_intermediate"]) < 2 * 64 or sum(cfg["layer_heads"]) < 2 * 4
+    assert main(["eval", "--model", str(out), "--max-length", "32"]) == 0
+
+
+def test_the_calibration_reads_the_training_split_only(finetuned, tmp_path, monkeypatch):
+    import compress.pruning.calibration as cal
+
+    data = tmp_path / "data"
+    data.mkdir()
+    train = [f"train sentence number {i} is good" if i % 2 else f"train sentence number {i} is bad"
+             for i in range(40)]
+    dev = [f"held out dev text {i} great" for i in range(10)]
+    (data / "train.csv").write_text("text,label\n" + "".join(f"{t},{'pos' if 'good' in t else 'neg'}\n"
+                                                              for t in train))
+    (data / "dev.csv").write_text("text,label\n" + "".join(f"{t},{'pos' if i % 2 else 'neg'}\n"
+                                                            for i, t in enumerate(dev)))
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--model", str(finetuned("bert")), "--task", "csv", "--data-dir", str(data),
+                 "--max-steps", "1", *FAST, "--out", str(ft)]) == 0
+    seen = []
+    real = cal.prune_calibrated
+
+    def spy(model, targets, batches, *args, **kwargs):
+        seen.extend(batches)
+        return real(model, targets, batches, *args, **kwargs)
+
+    monkeypatch.setattr(cal, "prune_calibrated", spy)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ft / "model")
+    assert main(["prune", "--stage", "post-training", "--model", str(ft), "--task", "csv", "--data-dir",
+                 str(data), "--criterion", "wanda", "--calibration-samples", "25", *FAST,
+                 "--out", str(tmp_path / "pt")]) == 0
+    texts = [tok.decode(ids, skip_special_tokens=True) for b in seen for ids in b["input_ids"]]
+    assert len(texts) == 25 and len(set(texts)) == 25
+    assert all(t.startswith("train sentence") for t in texts), texts[:3]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--criterion", "wanda"], "--stage post-training"),
+    (["--stage", "post-training", "--criterion", "fisher", "--structured", "heads,ffn"], "--flops-reduction"),
+    (["--stage", "post-training", "--criterion", "sparsegpt", "--prune-steps", "5"], "prunes once"),
+    (["--calibration-samples", "8"], "post-training only"),
+    (["--stage", "post-training", "--calibration-samples", "0"], "--calibration-samples must be"),
+    (["--stage", "post-training", "--criterion", "sparsegpt", "--pattern", "2:4", "--scope", "global"],
+     "--scope"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(args, words, finetuned, tmp_path, capsys):
+    out = tmp_path / "runs"
+    code = main(["prune", "--model", str(finetuned("bert")), *args, *FAST, "--out", str(out / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_an_encoder_without_a_task_head_is_refused(tiny_encoder, tmp_path, capsys):
+    out = tmp_path / "runs"
+    code = main(["prune", "--stage", "post-training", "--model", str(tiny_encoder("bert")), "--criterion",
+                 "sparsegpt", *FAST, "--out", str(out / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "fine-tuned" in err[0], err
+    assert not out.exists() or not any(out.iterdir())
