@@ -104,8 +104,9 @@ def _export(name: str, model: str, work: Path, args, optimize: bool, int8: bool,
 def _make_structured(src: str, sparsity: float, folder: Path) -> dict:
     from transformers import AutoModelForSequenceClassification
 
-    from compress.models import load_tokenizer, read_meta, resolve_model, save_model
+    from compress.models import load_tokenizer, read_meta, resolve_model
     from compress.pruning.structured import prune_structured
+    from compress.recipes.saving import save_model
 
     path = resolve_model(src)
     meta = read_meta(path)

@@ -154,6 +154,7 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike
     ``measure``, ``export`` and ``finetune --model`` read the folder. Returns the sparsity report.
     ``meta`` adds to ``compress.json`` (e.g. ``{"base_model": ..., "task": ...,
     "distillation": {...}}``); ``metrics`` (e.g. ``{"accuracy": 0.91}``) go into the card."""
+    from compress.modelcard import write_model_card
     from compress.models import save_model as save_folder
 
     check.check_module("model", model)
@@ -167,12 +168,9 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike
     meta = {**model_meta(model), **(meta or {})}
     if masks:
         meta.setdefault("pruning", {}).update({"masks_file": "masks.safetensors", "targets": sorted(masks)})
-    save_folder(model, tokenizer, folder, meta)  # writes the card too, from the live model
+    save_folder(model, tokenizer, folder, meta)
     report = write_pruning_files(folder, model, masks, reload_check=True)
-    if metrics:
-        from compress.modelcard import write_model_card
-
-        write_model_card(folder, model, metrics=metrics)
+    write_model_card(folder, model, meta=meta, metrics=metrics)  # after sparsity.json, which it reads
     return report
 
 

@@ -247,24 +247,9 @@ def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
     """Hugging Face format (safetensors) plus the project's metadata. A structured-pruned model's
     ``save_pretrained`` also writes its loading code and ``auto_map``
     (``compress.pruning.modeling_pruned``), so the folder loads with ``trust_remote_code=True`` where
-    compress is not installed. A ``README.md`` model card (``compress.modelcard``) describes the folder."""
+    compress is not installed. The ``README.md`` model card is written by the callers that know
+    the run (``compress.recipes.saving``, ``compress.save_model``)."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    from compress.modelcard import write_model_card
-
-    write_model_card(folder, model, meta=meta)  # README.md: metadata, sparsity, FLOPs, the command
-
-
-def save_run_model(run, model, tokenizer, meta: dict[str, Any], hooks=()) -> None:
-    """A training run's ``model/`` folder (``save_model``), then what each hook with a ``save(run_path)``
-    adds to it (masks, pruning metadata). In a multi-process launch rank 0 alone writes them:
-    ``save_pretrained`` writes the weights on rank 0 only, so another rank's folder could not be
-    read back, and every rank holds the same weights and masks."""
-    if run.rank > 0:
-        return
-    save_model(model, tokenizer, run.path / "model", meta)
-    for h in hooks:
-        if hasattr(h, "save"):
-            h.save(run.path)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from compress.errors import UsageError
+from compress.hooks import TrainHook
 from compress.pruning.pruner import MagnitudePruner
-from compress.training import TrainHook
 
 # --report-to name -> the package it needs (None: no tracker)
 REPORT_TO: dict[str, str | None] = {"none": None, "tensorboard": "tensorboard", "mlflow": "mlflow",

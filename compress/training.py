@@ -1,8 +1,9 @@
 """The fine-tuning loop: AdamW, linear warm-up/decay, accelerate for devices and DDP.
 
-Pruning and distillation plug in through ``TrainHook`` (mask after each optimizer step, replace the
-loss) instead of subclassing the loop. The batch order of epoch ``e`` is a permutation seeded by
-``seed + e``, so a resumed run sees exactly the batches an uninterrupted one would.
+Pruning and distillation plug in through ``TrainHook`` (``compress.hooks``: mask after each
+optimizer step, replace the loss) instead of subclassing the loop. The batch order of epoch ``e``
+is a permutation seeded by ``seed + e``, so a resumed run sees exactly the batches an
+uninterrupted one would.
 
 Checkpoints (``compress.checkpoints``) hold everything the next step depends on; the loop saves one
 every ``checkpoint_every`` steps and ``--resume`` restores the newest intact one.
@@ -37,15 +38,14 @@ from compress.config import check_range, option
 from compress.distributed import assert_tensors_same_across_ranks, is_distributed
 from compress.divergence import check_finite_loss, likely_cause
 from compress.errors import DataError, UsageError
+from compress.hooks import TrainHook  # noqa: F401 - re-exported; hooks subclass it from here too
 from compress.tasks.base import TextDataset
+from compress.trackers import REPORT_TO, check_report_to
 
 log_ = logging.getLogger(__name__)
 
 
-
 def _tracker_names() -> tuple[str, ...]:
-    from compress.trackers import REPORT_TO  # it imports this module
-
     return tuple(REPORT_TO)
 
 
@@ -96,38 +96,7 @@ class TrainConfig:
         check_range("log_every", self.log_every, 1)
         check_range("checkpoint_every", self.checkpoint_every, 0)
         check_range("rank_check_every", self.rank_check_every, 0)
-        from compress.trackers import check_report_to  # it imports this module
-
         check_report_to(self.report_to)
-
-
-class TrainHook:
-    """Extension points of the loop; every method is optional.
-
-    ``state_dict`` is saved in every checkpoint and must hold only tensors and plain Python values
-    (checkpoints are read back with ``torch.load(weights_only=True)``). Its tensors are also what
-    the cross-rank check compares in multi-process runs.
-    """
-
-    def on_train_begin(self, model, total_steps: int) -> None:
-        pass
-
-    def compute_loss(self, model, batch: dict, outputs) -> torch.Tensor | None:
-        """Return a loss to replace the model's own, or None to keep it."""
-        return None
-
-    def on_after_backward(self, model) -> None:
-        """Called after the backward pass, before gradient clipping and the optimizer step
-        (pruning hooks zero the gradients of pruned weights here)."""
-
-    def on_step_end(self, model, step: int) -> None:
-        """Called after every optimizer step (masks are re-applied here)."""
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 HEAD_PREFIXES = ("classifier.", "qa_outputs.")

@@ -664,47 +664,6 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
-                 batch_size: int = 64, provider: str | None = None, with_logits: bool = False
-                 ) -> dict[str, Any]:
-    """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``); with
-    ``with_logits`` also the logits ([examples, labels] numpy) under ``"logits"``."""
-    from compress.evaluation import evaluate
-    from compress.export.ort import OrtModel
-
-    model = OrtModel(onnx_path, provider=provider)
-    return evaluate(lambda batch: model(**batch), tokenizer, spec, ds, max_length, batch_size, with_logits)
-
-
-def half_accuracy(fp32_path: str | Path, half_path: str | Path, precision: str, tokenizer, spec, ds,
-                  max_length: int, provider: str) -> dict[str, Any]:
-    """Dev-set metric of the fp32 and the half-precision graph and how often their argmax agree;
-    the half side is ``{"skipped": why}`` where ``provider`` cannot run it."""
-    fp32 = ort_accuracy(fp32_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
-    ref = fp32.pop("logits")
-    why = half_session_error(half_path, provider)
-    if why is not None:
-        return {"fp32": fp32, precision: {"skipped": why, "n": len(ds)}}
-    half = ort_accuracy(half_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
-    logits = half.pop("logits")
-    half["argmax_agreement"] = float(np.mean(logits.argmax(-1) == ref.argmax(-1)))
-    half["max_abs_diff"] = float(np.max(np.abs(logits - ref)))
-    return {"fp32": fp32, precision: half}
-
-
-def _tokenizer_for(loaded: LoadedModel):
-    """The tokenizer saved beside the model (students keep the teacher's WordPiece one)."""
-    from transformers import AutoTokenizer
-
-    if not loaded.path:
-        raise UsageError("--task accuracy needs a model folder that holds its tokenizer")
-    try:
-        return AutoTokenizer.from_pretrained(loaded.path)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"no tokenizer in {loaded.path} for --task accuracy "
-                         f"({type(exc).__name__})") from None
-
-
 def onnx_checker(path: str | Path) -> None:
     """``onnx.checker`` on the file (full check, with shape inference); ModelError on failure."""
     import onnx

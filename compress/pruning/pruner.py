@@ -15,12 +15,12 @@ import torch
 
 from compress.distributed import assert_same_across_ranks, tensor_checksum
 from compress.errors import IntegrityError, UsageError
+from compress.hooks import TrainHook
 from compress.pruning.criteria import weight_only
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, save_masks
 from compress.pruning.masks import NMPattern, get_scope
 from compress.pruning.schedules import Schedule
 from compress.pruning.targets import named_weights
-from compress.training import TrainHook
 
 
 class PrunerStateError(RuntimeError):

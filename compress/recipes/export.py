@@ -10,28 +10,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from compress.config import check_choice, check_range, option, to_dict
-from compress.errors import UsageError
+from compress.errors import ModelError, UsageError
 from compress.export.onnx import (
     DEFAULT_SHAPES,
     FP32_ATOL,
     INT8_ATOL,
     PRECISION_CHOICES,
     QUANTIZE_CHOICES,
-    _tokenizer_for,
+    LoadedModel,
     attention_executions,
     attention_shape,
     check_parity,
     convert_to_half,
     export_onnx,
     fusion_summary,
-    half_accuracy,
     half_parity,
+    half_session_error,
     load_torch_model,
     onnx_checker,
     optimize_onnx,
     optimizer_model_type,
-    ort_accuracy,
     parse_shapes,
     quantize_int8,
 )
@@ -158,7 +159,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
             final = q
         if task_data is not None:
             spec, data = task_data
-            tok = _tokenizer_for(loaded)
+            tok = tokenizer_for(loaded)
             max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
             if cfg.precision != "fp32":
                 acc = half_accuracy(fp32_final, final, cfg.precision, tok, spec, data["eval"], max_len,
@@ -176,3 +177,47 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+# Task accuracy of the exported graphs: the evaluation loop of ``compress eval`` on an onnxruntime
+# session, so that the export blocks never import the evaluation loop.
+
+def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
+                 batch_size: int = 64, provider: str | None = None, with_logits: bool = False
+                 ) -> dict[str, Any]:
+    """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``); with
+    ``with_logits`` also the logits ([examples, labels] numpy) under ``"logits"``."""
+    from compress.evaluation import evaluate
+    from compress.export.ort import OrtModel
+
+    model = OrtModel(onnx_path, provider=provider)
+    return evaluate(lambda batch: model(**batch), tokenizer, spec, ds, max_length, batch_size, with_logits)
+
+
+def half_accuracy(fp32_path: str | Path, half_path: str | Path, precision: str, tokenizer, spec, ds,
+                  max_length: int, provider: str) -> dict[str, Any]:
+    """Dev-set metric of the fp32 and the half-precision graph and how often their argmax agree;
+    the half side is ``{"skipped": why}`` where ``provider`` cannot run it."""
+    fp32 = ort_accuracy(fp32_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
+    ref = fp32.pop("logits")
+    why = half_session_error(half_path, provider)
+    if why is not None:
+        return {"fp32": fp32, precision: {"skipped": why, "n": len(ds)}}
+    half = ort_accuracy(half_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
+    logits = half.pop("logits")
+    half["argmax_agreement"] = float(np.mean(logits.argmax(-1) == ref.argmax(-1)))
+    half["max_abs_diff"] = float(np.max(np.abs(logits - ref)))
+    return {"fp32": fp32, precision: half}
+
+
+def tokenizer_for(loaded: LoadedModel):
+    """The tokenizer saved beside the model (students keep the teacher's WordPiece one)."""
+    from transformers import AutoTokenizer
+
+    if not loaded.path:
+        raise UsageError("--task accuracy needs a model folder that holds its tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(loaded.path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"no tokenizer in {loaded.path} for --task accuracy "
+                         f"({type(exc).__name__})") from None

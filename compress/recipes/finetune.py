@@ -13,10 +13,11 @@ import torch
 from compress.config import option, to_dict
 from compress.distill.teacher_kd import TeacherKDOptions, load_teacher, teacher_summary, teacher_training
 from compress.errors import UsageError
-from compress.models import load_classifier, save_run_model
+from compress.models import load_classifier
 from compress.qa.options import QAOptions
 from compress.recipes.qa import eval_qa, finetune_qa
 from compress.recipes.retrieval import eval_reqa, finetune_reqa
+from compress.recipes.saving import save_run_model
 from compress.runs import RunDir, launch_rank
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split, task_choices
 from compress.tasks.base import TextDataset

@@ -40,7 +40,6 @@ from compress.models import (
     load_pretrained,
     load_tokenizer,
     resolve_model,
-    save_model,
 )
 from compress.pruning.criteria import CRITERIA, get_criterion
 from compress.pruning.integrity import (
@@ -64,6 +63,7 @@ from compress.pruning.schedules import DEFAULT_POWER, SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
+from compress.recipes.saving import save_model
 from compress.runs import RunDir, write_json
 from compress.tasks import get_task
 from compress.trackers import start_tracking

@@ -28,7 +28,6 @@ from compress.models import (
     match_tokenizer_inputs,
     read_meta,
     resolve_model,
-    save_run_model,
 )
 from compress.pruning.pruner import fine_tuning_hooks
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
@@ -36,6 +35,7 @@ from compress.qa.objectives import make_objective
 from compress.qa.options import effective_doc_stride
 from compress.qa.postprocess import postprocess_predictions
 from compress.qa.squad_metric import squad_scores
+from compress.recipes.saving import save_run_model
 from compress.runs import RunDir
 from compress.tasks import get_task
 from compress.tasks.qa import QADataset, load_squad_split

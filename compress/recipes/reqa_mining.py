@@ -28,9 +28,10 @@ import torch
 
 from compress.config import check_choice, check_range, option, option_like
 from compress.errors import UsageError
-from compress.models import load_classifier, read_meta, resolve_model, save_model
+from compress.models import load_classifier, read_meta, resolve_model
 from compress.recipes.finetune import FinetuneConfig
 from compress.recipes.retrieval import gold_pairs, load_reqa_data, train_and_save_dual_encoder
+from compress.recipes.saving import save_model
 from compress.retrieval.bm25 import bm25_order
 from compress.tasks.base import TextDataset
 from compress.tasks.retrieval import ReQADataset

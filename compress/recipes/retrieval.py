@@ -14,8 +14,9 @@ import torch
 
 from compress.config import to_dict
 from compress.errors import DataError, UsageError
-from compress.models import resolve_model, save_run_model
+from compress.models import resolve_model
 from compress.pruning.pruner import fine_tuning_hooks
+from compress.recipes.saving import save_run_model
 from compress.retrieval.bm25 import bm25_order
 from compress.retrieval.dual_encoder import (
     REQA_TASK,

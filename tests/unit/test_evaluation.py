@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from compress.evaluation import evaluate, torch_logits_fn
-from compress.export.onnx import LoadedModel, declared_inputs, export_onnx, ort_accuracy
+from compress.export.onnx import LoadedModel, declared_inputs, export_onnx
 from compress.models import load_classifier
+from compress.recipes.export import ort_accuracy
 from compress.recipes.finetune import TaskDataConfig, load_task_data
 
 pytestmark = pytest.mark.filterwarnings("ignore")

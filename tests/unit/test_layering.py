@@ -6,7 +6,8 @@
 3. recipes (``compress.recipes``): one end-to-end workflow per command;
 4. the CLI (``compress.cli``).
 
-A module imports only from its own layer or below, counting imports inside functions too, and the
+A module imports only from its own layer or below, counting imports inside functions too; no chain
+of imports leads back to the module it starts from (within a layer too); and the
 library (compress/, students/) never imports pipelines/: pipelines are workflows built on the
 library, loaded by path by ``compress run``, never the other way round. Workflows (``run_*``)
 live in recipes/ and cli/ only."""
@@ -33,9 +34,9 @@ def _imported_modules(path: Path) -> list[str]:
     return names
 
 
-FOUNDATION = ("compress.errors", "compress.config", "compress.security", "compress.distributed",
-              "compress.architectures", "compress.metrics", "compress.runs", "compress.checkpoints",
-              "compress.version", "compress.data", "compress.tasks")
+FOUNDATION = ("compress.errors", "compress.config", "compress.hooks", "compress.security",
+              "compress.distributed", "compress.architectures", "compress.metrics", "compress.runs",
+              "compress.checkpoints", "compress.version", "compress.data", "compress.tasks")
 API = ("compress", "compress.api", "compress.integrations")
 LAYER_NAMES = ("foundation", "blocks", "public API", "recipes", "CLI")
 
@@ -94,6 +95,66 @@ def module_graph(files: list[Path]) -> dict[str, set[str]]:
                         break
         graph[name] = targets
     return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each strongly connected component of two or more modules
+    (Tarjan), sorted; ``closed_walk`` gives one chain of imports around it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(v: str) -> None:  # recursion depth is bounded by the number of modules (a few hundred)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(sorted(c) for c in components)
+
+
+def closed_walk(graph: dict[str, set[str]], circle: list[str]) -> list[str]:
+    """The shortest chain of imports ``[a, b, ..., a]`` from the circle's first module back to
+    itself, through modules of the circle only (breadth-first)."""
+    start, within = circle[0], set(circle)
+    parent: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & within):
+                if w == start:
+                    walk = [v]
+                    while walk[-1] != start:
+                        walk.append(parent[walk[-1]])
+                    return [start, *reversed(walk[:-1]), start]
+                if w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{start} is in a strongly connected component but on no cycle")
+
+
+def _as_files(modules: list[str], sep: str) -> str:
+    names = {_module_name(p): p for p in _library_files()}
+    return sep.join(str(names[m].relative_to(ROOT)) if m in names else m for m in modules)
 
 
 def _library_files() -> list[Path]:
@@ -160,3 +221,33 @@ def test_workflows_live_in_recipes_and_cli_only():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("run_"):
                 bad.append(f"{rel}:{node.lineno} {node.name}")
     assert not bad, "workflows outside compress/recipes/: " + "; ".join(bad)
+
+
+def test_the_import_graph_has_no_circle():
+    """No module reaches itself through imports, inside functions included: a circle means that
+    one of its modules cannot be read, tested or moved without the others."""
+    graph = module_graph(_library_files())
+    circles = import_cycles(graph)
+    assert not circles, "import circles:\n" + "\n".join(
+        f"{len(c)} files ({_as_files(c, ', ')}); one chain: {_as_files(closed_walk(graph, c), ' -> ')}"
+        for c in circles)
+
+
+def test_circle_finder_names_a_circle_closed_by_an_import_inside_a_function(tmp_path, monkeypatch):
+    pkg = tmp_path / "compress"
+    (pkg / "pruning").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "pruning" / "__init__.py").write_text("")
+    (pkg / "training.py").write_text("from compress.pruning.pruner import Pruner\n")
+    (pkg / "pruning" / "pruner.py").write_text("from .. import errors\nclass Pruner:\n    pass\n")
+    (pkg / "errors.py").write_text("def f():\n    from compress.training import train\n    return train\n")
+    (pkg / "models.py").write_text("from compress import errors\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    graph = module_graph(sorted(pkg.rglob("*.py")))
+    circle = ["compress.errors", "compress.pruning.pruner", "compress.training"]
+    assert import_cycles(graph) == [circle]
+    assert closed_walk(graph, circle) == ["compress.errors", "compress.training", "compress.pruning.pruner",
+                                          "compress.errors"]
+    (pkg / "errors.py").write_text("def f():\n    return 1\n")  # the function-level import removed
+    assert import_cycles(module_graph(sorted(pkg.rglob("*.py")))) == []
+    assert import_cycles({"a": {"a"}}) == []  # a module naming itself is no circle between files
