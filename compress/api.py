@@ -116,15 +116,50 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
 
 def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "magnitude",
                 scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
-                seed: int = 0, pattern: str | None = None) -> dict[str, torch.Tensor]:
+                seed: int = 0, pattern: str | None = None,
+                calibration: Sequence[dict[str, torch.Tensor]] | None = None,
+                initial_masks: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Prune ``model`` in place, one-shot, to ``sparsity``; returns the masks (canonical name ->
     bool tensor on the CPU, True = kept). Keep them enforced in later training with
     ``make_pruner(..., initial_masks=masks)`` or save them with ``save_model``. ``pattern`` "N:M"
-    as in ``make_pruner`` (``sparsity`` N/M)."""
-    pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
-                         include=include, exclude=exclude, seed=seed, pattern=pattern)
-    pruner.initialize()
-    return pruner.finalize()
+    as in ``make_pruner`` (``sparsity`` N/M).
+
+    ``criterion`` "wanda" or "sparsegpt" choose the masks from ``calibration``: batches of the
+    model's inputs (dicts with ``input_ids``, ``attention_mask``, ...; e.g. a few hundred training
+    sentences through your tokenizer), run through the model layer by layer
+    (``compress.pruning.calibration``); "sparsegpt" also rewrites the kept weights. The word
+    embeddings (and other matrices outside the encoder layers) are pruned by magnitude.
+    ``initial_masks`` (True = kept) stay pruned."""
+    from compress.errors import UsageError
+    from compress.pruning.criteria import get_criterion
+
+    if not (isinstance(criterion, str) and get_criterion(criterion).data_aware):
+        if calibration is not None:
+            raise UsageError(f"calibration= is read by the criteria that see data (wanda, sparsegpt), "
+                             f"not by '{criterion}'; drop it or choose one of those")
+        pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
+                             include=include, exclude=exclude, seed=seed, pattern=pattern,
+                             initial_masks=initial_masks)
+        pruner.initialize()
+        return pruner.finalize()
+    from compress.pruning.calibration import prune_calibrated
+    from compress.pruning.masks import NMPattern
+    from compress.pruning.pruner import check_pattern_fits
+
+    check.check_module("model", model)
+    check.check_real("sparsity", sparsity, 0, 1)
+    check.check_int("seed", seed, 0)
+    if isinstance(calibration, (str, bytes, dict)) or not isinstance(calibration, Sequence):
+        raise UsageError(f"calibration must be a list of input batches (dicts of tensors), got "
+                         f"{type(calibration).__name__}; e.g. [tokenizer(texts, padding=True, "
+                         "return_tensors='pt')]")
+    targets = prunable_targets(model, include, exclude)
+    nm = NMPattern.parse(pattern) if pattern else None
+    if nm is not None:
+        check_pattern_fits(nm, targets, criterion, scope)
+    masks, _ = prune_calibrated(model, targets, [dict(b) for b in calibration], criterion, sparsity,
+                                scope, nm, initial_masks, seed=seed)
+    return masks
 
 
 def model_meta(model: torch.nn.Module, base_model: str | None = None, **extra: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import ROOT, run_cli
 
-EXAMPLES = ("trainer_prune.py", "plain_loop_prune_kd.py", "trainer_distill.py")
+EXAMPLES = ("trainer_prune.py", "plain_loop_prune_kd.py", "trainer_distill.py", "oneshot_sparsegpt.py")
 FAST = ("--max-steps", "6", "--batch-size", "8", "--max-length", "32", "--lr", "1e-3")
 
 
@@ -137,3 +137,23 @@ def test_trainer_distillation_with_pruning(trainer_pruned, tiny_bert, tmp_path):
     assert {"pruned", "distilled"} <= set(header["tags"])
     meta = json.loads((out / "compress.json").read_text())
     assert meta["distillation"]["teacher"] == str(teacher) and meta["distillation"]["kd_lambda"] == 4.0
+
+
+def test_oneshot_sparsegpt_prunes_from_training_sentences_and_saves_what_verify_reads(tiny_bert, tmp_path):
+    out = tmp_path / "sgpt"
+    r = run_example("oneshot_sparsegpt.py", "--model", str(tiny_bert), "--sparsity", "0.5",
+                    "--finetune-steps", "4", "--calibration-samples", "32", "--max-length", "32",
+                    "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"sparsegpt: sparsity (\d+\.\d)% of (\d+) matrices; dev accuracy ([0-9.]+) dense "
+                  r"-> ([0-9.]+) pruned", r.stdout)
+    assert m and float(m.group(1)) == pytest.approx(50.0, abs=0.1), r.stdout
+    zeros_match_masks(out)
+    assert run_cli("verify", str(out)).returncode == 0
+    r = run_example("oneshot_sparsegpt.py", "--model", str(tiny_bert), "--pattern", "2:4", "--criterion",
+                    "wanda", "--finetune-steps", "0", "--calibration-samples", "16", "--max-length", "32",
+                    "--out", str(tmp_path / "wanda24"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    weights = load_file(str(tmp_path / "wanda24" / "model.safetensors"))
+    layer = [w for k, w in weights.items() if ".encoder.layer." in k and w.ndim == 2]
+    assert layer and all(((w.reshape(-1, 4) == 0).sum(dim=1) >= 2).all() for w in layer)
