@@ -19,11 +19,11 @@ EXAMPLES = """examples:
   compress prune --sparsity 0.6 --stage after-finetune --teacher self   # distillation-aware pruning
   compress prune --sparsity 0.8 --model minilm --teacher artifacts/finetune/RUN --task sst2 ...
   compress prune --pattern 2:4 --schedule oneshot --stage after-finetune   # 2:4 semi-structured
-  compress prune --stage post-training --model artifacts/finetune/RUN --criterion sparsegpt --sparsity 0.6 \
+  compress prune --stage post-training --model artifacts/finetune/RUN --criterion sparsegpt --sparsity 0.6 \\
       --task sst2 --data-dir ../shared/data      # one-shot from 512 training sentences, no training
-  compress prune --stage post-training --model RUN --criterion sparsegpt --pattern 2:4 --recovery-steps 250 \
+  compress prune --stage post-training --model RUN --criterion sparsegpt --pattern 2:4 --recovery-steps 250 \\
       --teacher self --task sst2 ...             # then 250 steps distilling from the dense model
-  compress prune --stage post-training --model RUN --structured heads,ffn --criterion fisher \
+  compress prune --stage post-training --model RUN --structured heads,ffn --criterion fisher \\
       --flops-reduction 0.4 --task sst2 ...      # Kwon et al.: Fisher search + least-squares tuning
   compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN

@@ -7,6 +7,8 @@ EXAMPLES = """examples:
       --data-dir ../shared/data --train-limit 2000 --max-steps 100 --out artifacts/sweep/sst2
   compress sweep --sparsities 0:0.9:0.1 --tasks sst2,rte --lrs 2e-5,5e-5 --jobs 2 \\
       --pretrain-corpus ../shared/data/wikitext2 --pretrain-steps 200 --out artifacts/sweep/gordon
+  compress sweep --sparsities 0,0.5,0.7 --tasks sst2 --variants sparsegpt,wanda,oneshot-magnitude \\
+      --calibration-samples 256 --data-dir ../shared/data --out artifacts/sweep/oneshot  # no training
   compress sweep --backend ray --address auto --gpus-per-cell 1 --sparsities 0:0.9:0.1 \\
       --tasks sst2,rte --out /shared/nfs/sweeps/gordon     # on a Ray cluster's head node
 re-run the same command to resume: finished cells are kept, killed ones redone.

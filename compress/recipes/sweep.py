@@ -15,17 +15,25 @@ The grid (Gordon et al. 2020, "Compressing BERT"): for every sparsity and varian
 
 Variants (``VARIANTS``): ``magnitude`` and ``random`` (the criterion), ``information-deletion``
 (the magnitude-pruned pre-trained model fine-tuned with its zeros free to regrow) and
-``after-finetune`` (fine-tune dense, then prune and recover on the task). At sparsity 0 every
-variant is the same dense model, so the grid holds one shared dense cell per task and rate.
+``after-finetune`` (fine-tune dense, then prune and recover on the task), and the one-shot variants
+``sparsegpt``, ``wanda`` and ``oneshot-magnitude``, which prune the shared dense cell of their task
+and rate once from ``--calibration-samples`` training examples, with no training
+(``compress prune --stage post-training``; they depend on that cell, which the grid holds even
+without sparsity 0). At sparsity 0 every variant is the same dense model, so the grid holds one
+shared dense cell per task and rate.
 
 ``--teacher`` adds a distillation-aware twin (``<variant>+kd``, ``compress prune --teacher``) of
 every cell pruned on the task: ``--teacher self`` distils each after-finetune cell from its own
-dense phase; ``--teacher RUN`` (a model fine-tuned on the task) is the teacher of every such cell.
+dense phase, and each one-shot cell from the dense cell it prunes, during ``--recovery-steps`` steps
+after the prune (the one-shot cells themselves never train, so such a twin's gain over its base is
+recovery and distillation together); ``--teacher RUN`` (a model fine-tuned on the task) is the
+teacher of every such cell.
 Cells pruned during pre-training have no twin (the masked-LM stage has no task logits to distil).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -52,6 +60,7 @@ class Variant:
     finetune_flags: tuple[str, ...] = ()
     after_finetune: bool = False
     needs_pretrain: bool = False
+    one_shot: bool = False  # prune the shared dense cell once from calibration data, no training
 
 
 VARIANTS: dict[str, Variant] = {
@@ -62,7 +71,15 @@ VARIANTS: dict[str, Variant] = {
         finetune_flags=("--information-deletion",), needs_pretrain=True),
     "after-finetune": Variant("magnitude", "fine-tune dense, then prune and recover on the task",
                               after_finetune=True),
+    "sparsegpt": Variant("sparsegpt", "prune the dense fine-tuned cell once by layer-wise "
+                         "reconstruction on calibration data (SparseGPT), no training", one_shot=True),
+    "wanda": Variant("wanda", "prune the dense fine-tuned cell once by |w| x input norm on calibration "
+                     "data (Wanda), no training", one_shot=True),
+    "oneshot-magnitude": Variant("magnitude", "prune the dense fine-tuned cell once by |w|, no "
+                                 "training (the one-shot baseline)", one_shot=True),
 }
+
+ONE_SHOT = tuple(name for name, v in VARIANTS.items() if v.one_shot)
 
 
 KD_SUFFIX = "+kd"
@@ -70,7 +87,11 @@ KD_SUFFIX = "+kd"
 
 def kd_twin_applies(v: Variant, cfg: SweepConfig) -> bool:
     """Whether a variant's pruned cells get a ``+kd`` twin under ``cfg.teacher``."""
-    if cfg.teacher is None or (cfg.pretrain_corpus and not v.after_finetune):
+    if cfg.teacher is None:
+        return False
+    if v.one_shot:  # prunes a fine-tuned model; 'self' is that model
+        return True
+    if cfg.pretrain_corpus and not v.after_finetune:
         return False  # pruned during pre-training: no task logits to distil
     return v.after_finetune or cfg.teacher != "self"
 
@@ -134,7 +155,9 @@ class SweepConfig:
                                               "e.g. 0,0.2 or 0:0.9:0.1")
     tasks: tuple[str, ...] = option(("sst2",), help="comma-separated task names")
     variants: tuple[str, ...] = option(("magnitude", "random"), choices=lambda: tuple(VARIANTS),
-                                       help="comma-separated cell variants")
+                                       help="comma-separated cell variants; sparsegpt, wanda and "
+                                            "oneshot-magnitude prune the dense fine-tuned cell once "
+                                            "from calibration data (prune --stage post-training)")
     lrs: tuple[float, ...] = option((5e-5,), help="fine-tuning learning rates (the best one is "
                                                   "reported)")
     model: str = option("minilm", help="start model: minilm, a model folder, a run folder or a hub "
@@ -164,8 +187,9 @@ class SweepConfig:
                                            "Python's 'python -m compress')")
     teacher: str | None = option(None, help="add a distillation-aware twin (<variant>+kd, prune "
                                             "--teacher) of every cell pruned on the task: 'self' "
-                                            "(after-finetune cells distil from their dense phase) "
-                                            "or a run fine-tuned on the task")
+                                            "(after-finetune cells distil from their dense phase, "
+                                            "one-shot cells from the dense cell they prune, for "
+                                            "--recovery-steps) or a run fine-tuned on the task")
     backend: str = option("local", choices=BACKENDS,
                           help="where cells run: 'local' (child processes here, --jobs at a time) "
                                "or 'ray' (one Ray task per cell; the sweep folder must be on "
@@ -177,6 +201,12 @@ class SweepConfig:
                                             "thread count)")
     gpus_per_cell: float = option(0.0, help="--backend ray: GPUs each cell reserves (1 for the "
                                             "Gordon grid on GPUs; fractions share a GPU)")
+    calibration_samples: int = option(512, help="one-shot variants (sparsegpt, wanda, "
+                                                "oneshot-magnitude): training examples, drawn with "
+                                                "--seed, that choose the masks")
+    recovery_steps: int = option(250, help="one-shot variants with --teacher: steps their +kd twins "
+                                           "train after the prune, distilling with the masks kept "
+                                           "(the one-shot cells themselves never train)")
 
     def __post_init__(self):
         parse_sparsities(self.sparsities)
@@ -197,10 +227,13 @@ class SweepConfig:
         if self.teacher is not None:
             twins = [v for v in self.variants if kd_twin_applies(get_variant(v), self)]
             if not twins:
-                need = ("after-finetune variants (--teacher self distils from their dense phase)"
+                need = ("after-finetune variants (--teacher self distils from their dense phase) and "
+                        "one-shot variants (from the dense cell they prune)"
                         if self.teacher == "self" else "variants pruned on the task")
                 raise UsageError(f"--teacher {self.teacher} adds KD twins to {need}, and --variants "
-                                 f"{','.join(self.variants)} has none; add --variants after-finetune")
+                                 f"{','.join(self.variants)} has none; add --variants after-finetune "
+                                 "or sparsegpt")
+        self._check_one_shot()
         if not self.tasks:
             raise UsageError("--tasks is empty; pass e.g. sst2,rte")
         if not self.variants:
@@ -228,6 +261,20 @@ class SweepConfig:
             raise UsageError(f"unknown schedule '{self.schedule}'; choose one of: oneshot, gradual")
         if self.runner is not None and not shlex.split(self.runner):
             raise UsageError("--runner is empty; leave it unset to run cells with this compress")
+
+    def _check_one_shot(self) -> None:
+        """The one-shot options apply to the one-shot variants only; a value set for nothing is
+        refused rather than silently ignored (defaults never are)."""
+        check_range("calibration_samples", self.calibration_samples, 1)
+        check_range("recovery_steps", self.recovery_steps, 1)
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        one_shot = [v for v in self.variants if v in VARIANTS and VARIANTS[v].one_shot]
+        if self.calibration_samples != default["calibration_samples"] and not one_shot:
+            raise UsageError(f"--calibration-samples applies to the one-shot variants "
+                             f"({', '.join(ONE_SHOT)}); add one to --variants or drop it")
+        if self.recovery_steps != default["recovery_steps"] and not (one_shot and self.teacher is not None):
+            raise UsageError(f"--recovery-steps sets the training of the one-shot variants' +kd twins; "
+                             f"add --teacher and one of {', '.join(ONE_SHOT)} to --variants, or drop it")
 
     @property
     def sparsity_values(self) -> tuple[float, ...]:
@@ -304,6 +351,23 @@ def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
         add(Cell(name, "pretrain", tuple(argv), (), info))
         return name
 
+    def dense_cell(task: str, lr: float, v: Variant, variants: list[str]) -> str:
+        """The dense model fine-tuned on ``task`` at ``lr``, shared by every variant: their point at
+        sparsity 0 (``variants``) and the model the one-shot variants prune."""
+        name = f"ft-{task}-dense-lr{lr_tag(lr)}"
+        flags = _train_flags(cfg, task, lr)
+        if pretrain:
+            # the criterion of a sparsity-0 pre-training cell prunes nothing; a one-shot criterion
+            # is refused by that stage, so those variants name magnitude
+            dep = pretrain_cell(0.0, "magnitude" if v.one_shot else v.criterion)
+            argv = ["finetune", "--model", str(sweep_dir / dep), *flags]
+            deps: tuple[str, ...] = (dep,)
+        else:
+            argv, deps = ["finetune", "--model", model, *flags], ()
+        info = {"task": task, "sparsity": 0.0, "lr": lr, "variants": variants}
+        add(Cell(name, "downstream", (*argv, "--out", str(sweep_dir / name)), deps, info))
+        return name
+
     for s in cfg.sparsity_values:
         for vname in cfg.variants:
             v = VARIANTS[vname]
@@ -314,17 +378,26 @@ def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
                     flags = _train_flags(cfg, task, lr)
                     if s == 0:
                         # every variant at sparsity 0 is the dense model: one shared cell
-                        name = f"ft-{task}-dense-lr{lr_tag(lr)}"
-                        if pretrain:
-                            dep = pretrain_cell(0.0, v.criterion)
-                            argv = ["finetune", "--model", str(sweep_dir / dep), *flags]
-                            deps: tuple[str, ...] = (dep,)
-                        else:
-                            argv, deps = ["finetune", "--model", model, *flags], ()
-                        add(Cell(name, "downstream", (*argv, "--out", str(sweep_dir / name)), deps, info))
+                        dense_cell(task, lr, v, [vname])
                         if kd_twin_applies(v, cfg):  # the twin's curve starts at the same dense point
-                            add(Cell(name, "downstream", (*argv, "--out", str(sweep_dir / name)), deps,
-                                     {**info, "variants": [vname + KD_SUFFIX]}))
+                            dense_cell(task, lr, v, [vname + KD_SUFFIX])
+                    elif v.one_shot:
+                        # prune the shared dense cell once; without sparsity 0 in the grid that cell
+                        # is still run, as no variant's point
+                        dense = dense_cell(task, lr, v, [])
+                        twins = [("", [])]
+                        if kd_twin_applies(v, cfg):
+                            teacher = cfg.teacher if cfg.teacher == "self" else _model_arg(cfg.teacher)
+                            twins.append((KD_SUFFIX, ["--teacher", teacher, "--recovery-steps",
+                                                      str(cfg.recovery_steps)]))
+                        for suffix, kd_flags in twins:
+                            name = "ft-" + tag.format(vname + suffix)
+                            argv = ["prune", "--stage", "post-training", "--sparsity", repr(s),
+                                    "--criterion", v.criterion, "--calibration-samples",
+                                    str(cfg.calibration_samples), "--model", str(sweep_dir / dense),
+                                    *flags, *kd_flags, "--out", str(sweep_dir / name)]
+                            add(Cell(name, "downstream", tuple(argv), (dense,),
+                                     {**info, "variants": [vname + suffix]}))
                     elif v.after_finetune or not pretrain:
                         # after-finetune starts from the same (continued pre-trained) dense model
                         # as the sparsity-0 cell, so the two are comparable
@@ -390,6 +463,11 @@ def clean_unfinished(sweep_dir: Path, name: str) -> None:
 _RESUMABLE = {"jobs", "runner", "out", "backend", "address", "cpus_per_cell", "gpus_per_cell"}
 
 
+def _defaults() -> dict[str, Any]:
+    """Every option at its default, as ``to_dict`` writes them into ``sweep.json``."""
+    return to_dict(SweepConfig())
+
+
 def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg_dict.items() if k not in _RESUMABLE}
 
@@ -449,10 +527,12 @@ def run_sweep(cfg: SweepConfig, log=print) -> Path:
                                  "choose a new --out")
         else:
             old = json.loads(state_path.read_text(encoding="utf-8"))
-            diff = sorted(k for k in set(_comparable(old.get("config", {}))) | set(_comparable(cfg_dict))
-                          if old.get("config", {}).get(k) != cfg_dict.get(k))
+            # an option added after the sweep was started holds its default there
+            old_cfg = {**_defaults(), **old.get("config", {})}
+            diff = sorted(k for k in set(_comparable(old_cfg)) | set(_comparable(cfg_dict))
+                          if old_cfg.get(k) != cfg_dict.get(k))
             if diff:
-                shown = ", ".join(f"{k}: {old['config'].get(k)!r} -> {cfg_dict.get(k)!r}" for k in diff)
+                shown = ", ".join(f"{k}: {old_cfg.get(k)!r} -> {cfg_dict.get(k)!r}" for k in diff)
                 raise UsageError(f"{sweep_dir} holds a sweep with other options ({shown}); re-run "
                                  "with the same options to resume it, or choose a new --out")
     sweep_dir.mkdir(parents=True, exist_ok=True)

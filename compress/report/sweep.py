@@ -23,11 +23,14 @@ def _percent(x: float) -> float:
 
 def collect_sweep(root: Path) -> dict[str, Any]:
     """Rows of finished cells: ``downstream`` (task, variant, sparsity, lr, score, metric, cell,
-    pretrain) and ``pretrain`` (criterion, sparsity, loss, cell)."""
+    pretrain), ``pretrain`` (criterion, sparsity, loss, cell) and ``one_shot`` (the cells that
+    pruned a fine-tuned model once, ``prune --stage post-training``: task, variant, sparsity, lr,
+    cell, the dense, just-pruned and final scores, recovery steps, prune seconds, calibration
+    tokens)."""
     state = _read_json(root / "sweep.json")
     if state is None:
         raise DataError(f"{root / 'sweep.json'} cannot be read; re-run the sweep to rewrite it")
-    down, pre = [], []
+    down, pre, one_shot = [], [], []
     n_finished = 0
     for cell in state.get("cells", []):
         summary = _read_json(root / cell["name"] / "summary.json")
@@ -47,8 +50,17 @@ def collect_sweep(root: Path) -> dict[str, Any]:
             down.append({"task": cell["task"], "variant": variant, "sparsity": cell["sparsity"],
                          "lr": cell["lr"], "score": score, "metric": summary.get("metric", "score"),
                          "cell": cell["name"], "pretrain": (cell.get("deps") or [None])[0]})
-    return {"state": state, "downstream": down, "pretrain": pre, "n_finished": n_finished,
-            "n_cells": len(state.get("cells", []))}
+            if summary.get("stage") == "post-training":
+                one_shot.append({
+                    "task": cell["task"], "variant": variant, "sparsity": cell["sparsity"],
+                    "lr": cell["lr"], "cell": cell["name"],
+                    "dense": (summary.get("eval_dense") or {}).get("score"),
+                    "pruned": (summary.get("eval_pruned_before_recovery") or {}).get("score"),
+                    "score": score, "recovery_steps": summary.get("recovery_steps"),
+                    "prune_seconds": summary.get("prune_seconds"),
+                    "calibration_tokens": (summary.get("calibration") or {}).get("calibration_tokens")})
+    return {"state": state, "downstream": down, "pretrain": pre, "one_shot": one_shot,
+            "n_finished": n_finished, "n_cells": len(state.get("cells", []))}
 
 
 def _sweep_report(root: Path) -> str:
@@ -63,6 +75,7 @@ def _sweep_report(root: Path) -> str:
         md += ["**The sweep is incomplete**: re-run the same `compress sweep` command to finish it; "
                "the tables below hold the finished cells only.", ""]
     md += _section_metric_vs_sparsity(data, out_dir)
+    md += _section_one_shot(data, out_dir)
     md += _section_pretrain_loss(data, out_dir)
     md += _section_fit(data, out_dir)
     md += _section_features(root, data, out_dir)
@@ -112,6 +125,29 @@ def _section_metric_vs_sparsity(data, out_dir: Path) -> list[str]:
         _save_fig(fig, out_dir / png)
         md += [f"![{task} dev {metric[task]} vs sparsity](report/{png})", ""]
     return md
+
+
+def _section_one_shot(data, out_dir: Path) -> list[str]:
+    """The one-shot cells (sparsegpt, wanda, oneshot-magnitude and their +kd twins): what the
+    prune cost and what it lost before any recovery."""
+    if not data["one_shot"]:
+        return []
+    rows = [[r["task"], r["variant"], _percent(r["sparsity"]), r["lr"], r["dense"], r["pruned"],
+             r["recovery_steps"], r["score"], r["prune_seconds"], r["calibration_tokens"]]
+            for r in sorted(data["one_shot"], key=lambda r: (r["task"], r["variant"], r["sparsity"],
+                                                             r["lr"]))]
+    header = ["task", "variant", "sparsity_pct", "lr", "dense_score", "pruned_score",
+              "recovery_steps", "score", "prune_seconds", "calibration_tokens"]
+    _write_csv(out_dir / "one_shot.csv", header, rows)
+    return ["## One-shot pruning", "",
+            "Each cell pruned its task's dense fine-tuned cell once from calibration data "
+            "(`compress prune --stage post-training`): the dense model's dev score, the score right "
+            "after the prune, and the final score (after `recovery_steps` steps of training, if "
+            "any). Prune seconds are the wall time of encoding the training split, drawing the "
+            "calibration set and choosing the masks (SparseGPT also rewrites the kept weights); "
+            "evaluation and recovery are not counted. CSV: [report/one_shot.csv](report/one_shot.csv).", "",
+            _md_table(["task", "variant", "sparsity %", "lr", "dense", "after prune",
+                       "recovery steps", "final", "prune s", "calibration tokens"], rows), ""]
 
 
 def _section_pretrain_loss(data, out_dir: Path) -> list[str]:

@@ -1,5 +1,6 @@
 """A real 2-cell sweep (``compress prune`` cells on the tiny BERT, real SST-2 rows), then its report;
-and ``compress run`` of the gordon pipeline with overrides."""
+a one-shot sweep (sparsegpt, wanda) pruning its shared dense cell; and ``compress run`` of the gordon
+pipeline with overrides."""
 
 from __future__ import annotations
 
@@ -48,6 +49,60 @@ def test_two_cell_prune_sweep_then_report(tiny_bert, shared_data, tmp_path):
     for cell in state["cells"]:
         s = json.loads((out / cell["name"] / "summary.json").read_text())["eval"]["score"]
         assert scores[cell["variants"][0]] == pytest.approx(s)
+
+
+def test_one_shot_sweep_prunes_the_shared_dense_cell_then_report(tiny_bert, shared_data, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["sweep", "--sparsities", "0.3,0.5", "--tasks", "sst2", "--variants", "sparsegpt,wanda",
+            "--calibration-samples", "16", "--model", str(tiny_bert), "--data-dir", str(shared_data),
+            *SMALL, "--jobs", "2", "--out", str(out)]
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    state = json.loads((out / "sweep.json").read_text())
+    dense = "ft-sst2-dense-lr5e-05"
+    cells = {c["name"]: c for c in state["cells"]}
+    assert list(cells) == [dense, "ft-sst2-sparsegpt-s30-lr5e-05", "ft-sst2-wanda-s30-lr5e-05",
+                           "ft-sst2-sparsegpt-s50-lr5e-05", "ft-sst2-wanda-s50-lr5e-05"]
+    # sparsity 0 is not in the grid: the dense cell runs as the model pruned, on no variant's curve
+    assert cells[dense]["argv"][0] == "finetune" and cells[dense]["variants"] == []
+    assert not cells[dense]["deps"]
+    dense_score = json.loads((out / dense / "summary.json").read_text())["eval"]["score"]
+    for name, cell in cells.items():
+        assert cell["status"] == "finished"
+        if name == dense:
+            continue
+        argv = cell["argv"]
+        assert cell["deps"] == [dense] and argv[:3] == ["prune", "--stage", "post-training"]
+        assert argv[argv.index("--model") + 1] == str(out / dense)
+        assert argv[argv.index("--calibration-samples") + 1] == "16" and "--schedule" not in argv
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["criterion"] == cell["variants"][0] and summary["recovery_steps"] == 0
+        assert summary["sparsity"]["encoder"] == pytest.approx(cell["sparsity"], abs=0.01)
+        assert summary["eval"]["n"] == 32 and summary["eval"] == summary["eval_pruned_before_recovery"]
+        # what it pruned is the dense cell: the same dev score before pruning
+        assert summary["eval_dense"]["score"] == pytest.approx(dense_score)
+        assert summary["calibration"]["calibration_tokens"] > 0 and summary["prune_seconds"] >= 0
+    again = run_cli(*args)
+    assert again.returncode == 0 and "5 finished already, 0 to run" in again.stdout
+    rep = run_cli("report", str(out))
+    assert rep.returncode == 0, rep.stderr
+    md = (out / "report.md").read_text()
+    assert "| sparsity % | sparsegpt | wanda |" in md and "## One-shot pruning" in md
+    with open(out / "report" / "metric_vs_sparsity.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted((r["variant"], float(r["sparsity_pct"])) for r in rows) == [
+        ("sparsegpt", 30.0), ("sparsegpt", 50.0), ("wanda", 30.0), ("wanda", 50.0)]
+    with open(out / "report" / "one_shot.csv", newline="") as fh:
+        one_shot = {(r["variant"], float(r["sparsity_pct"])): r for r in csv.DictReader(fh)}
+    assert len(one_shot) == 4
+    for name, cell in cells.items():
+        if name == dense:
+            continue
+        summary = json.loads((out / name / "summary.json").read_text())
+        row = one_shot[(cell["variants"][0], 100 * cell["sparsity"])]
+        assert float(row["prune_seconds"]) == pytest.approx(summary["prune_seconds"])
+        assert float(row["dense_score"]) == pytest.approx(dense_score)
+        assert float(row["score"]) == pytest.approx(summary["eval"]["score"])
 
 
 def test_compress_run_gordon_ci_with_overrides(tiny_bert, shared_data, tmp_path):

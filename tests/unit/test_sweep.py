@@ -134,6 +134,61 @@ def test_teacher_self_without_an_after_finetune_variant_is_refused():
         SweepConfig(sparsities=("0.6",), variants=("magnitude",), teacher="self")
 
 
+def test_one_shot_variants_prune_the_shared_dense_cell_of_their_rate(tmp_path):
+    cfg = SweepConfig(sparsities=("0", "0.5"), tasks=("sst2",), lrs=(1e-5, 2e-5),
+                      variants=("magnitude", "sparsegpt", "oneshot-magnitude"))
+    plan = build_plan(cfg, tmp_path)
+    cells = {c.name: c for c in plan}
+    pos = {c.name: i for i, c in enumerate(plan)}
+    for lr in ("1e-05", "2e-05"):
+        dense = cells[f"ft-sst2-dense-lr{lr}"]
+        # the curves of all three variants start at the shared dense point
+        assert dense.info["variants"] == ["magnitude", "oneshot-magnitude", "sparsegpt"]
+        for variant, criterion in (("sparsegpt", "sparsegpt"), ("oneshot-magnitude", "magnitude")):
+            c = cells[f"ft-sst2-{variant}-s50-lr{lr}"]
+            assert c.deps == (dense.name,) and pos[dense.name] < pos[c.name]
+            assert c.argv[:3] == ("prune", "--stage", "post-training")
+            assert c.argv[c.argv.index("--criterion") + 1] == criterion
+            assert c.argv[c.argv.index("--model") + 1] == str(tmp_path / dense.name)
+            assert c.argv[c.argv.index("--calibration-samples") + 1] == "512"
+            assert c.argv[c.argv.index("--lr") + 1] == repr(float(lr))
+            # the post-training stage prunes once: no schedule; and no training without a teacher
+            assert "--schedule" not in c.argv and "--recovery-steps" not in c.argv
+            assert c.info["variants"] == [variant]
+    assert cells["ft-sst2-magnitude-s50-lr1e-05"].argv[:3] == ("prune", "--stage", "finetune")
+    # after continued pre-training the dense cell fine-tunes pt-dense, which a one-shot criterion
+    # (refused by the pre-training stage) must not name
+    plan = build_plan(SweepConfig(sparsities=("0.5",), variants=("sparsegpt",), calibration_samples=64,
+                                  pretrain_corpus=("corpus.txt",)), tmp_path)
+    assert [c.name for c in plan] == ["pt-dense", "ft-sst2-dense-lr5e-05", "ft-sst2-sparsegpt-s50-lr5e-05"]
+    pt, dense, one = plan
+    assert pt.argv[pt.argv.index("--criterion") + 1] == "magnitude" and dense.deps == ("pt-dense",)
+    assert dense.info["variants"] == [] and one.deps == (dense.name,)
+    assert one.argv[one.argv.index("--calibration-samples") + 1] == "64"
+
+
+def test_one_shot_kd_twin_recovers_distilling_from_the_dense_cell(tmp_path):
+    cfg = SweepConfig(sparsities=("0.6",), variants=("wanda",), teacher="self", recovery_steps=40)
+    plan = {c.name: c for c in build_plan(cfg, tmp_path)}
+    assert sorted(plan) == ["ft-sst2-dense-lr5e-05", "ft-sst2-wanda+kd-s60-lr5e-05",
+                            "ft-sst2-wanda-s60-lr5e-05"]
+    base, twin = plan["ft-sst2-wanda-s60-lr5e-05"], plan["ft-sst2-wanda+kd-s60-lr5e-05"]
+    assert list(twin.argv[:-2]) == [*base.argv[:-2], "--teacher", "self", "--recovery-steps", "40"]
+    assert twin.deps == base.deps == ("ft-sst2-dense-lr5e-05",)
+    assert twin.info["variants"] == ["wanda+kd"]
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(calibration_samples=64), "--calibration-samples applies to the one-shot variants"),
+    (dict(variants=("sparsegpt",), recovery_steps=10), "--recovery-steps sets the training of the "
+                                                       "one-shot variants' \\+kd twins; add --teacher"),
+    (dict(variants=("sparsegpt",), calibration_samples=0), "calibration"),
+])
+def test_one_shot_options_without_their_variants_are_refused(kw, words):
+    with pytest.raises(UsageError, match=words):
+        SweepConfig(**kw)
+
+
 def test_close_sparsities_get_cells_of_their_own(tmp_path):
     plan = build_plan(SweepConfig(sparsities=("0.99991", "0.99994", "0.4"), tasks=("sst2",),
                                   variants=("magnitude",), lrs=(2e-5,)), tmp_path)
@@ -188,6 +243,18 @@ def test_rerun_with_other_options_is_refused(tmp_path, fake_runner):
         run_sweep(_cfg(sweep, fake_runner, sparsities=("0", "0.5")), log=lambda *_: None)
     # jobs and runner may change between runs
     run_sweep(_cfg(sweep, fake_runner, sparsities=("0",), jobs=3), log=lambda *_: None)
+
+
+def test_sweep_started_before_an_option_existed_resumes_with_its_default(tmp_path, fake_runner):
+    sweep = tmp_path / "sw"
+    cfg = _cfg(sweep, fake_runner, sparsities=("0",))
+    run_sweep(cfg, log=lambda *_: None)
+    state = json.loads((sweep / "sweep.json").read_text())
+    for added in ("calibration_samples", "recovery_steps"):
+        del state["config"][added]
+    (sweep / "sweep.json").write_text(json.dumps(state))
+    run_sweep(cfg, log=lambda *_: None)  # same options: resumes, nothing runs again
+    assert set(_counts(sweep).values()) == {1}
 
 
 def test_failed_cell_blocks_dependants_and_is_redone(tmp_path, fake_runner, monkeypatch):
