@@ -136,10 +136,24 @@ def _inputs(names: tuple[str, ...], vocab: int, batch: int, length: int) -> dict
     return {k: v for k, v in out.items() if k in names}
 
 
+def bench_provider(cfg, entries) -> str:
+    """``--provider`` resolved against onnxruntime; ``cuda`` for a bench of PyTorch runtimes only
+    (no ``ort`` runtime, no .onnx file) also works with an onnxruntime that lacks the CUDA provider
+    (e.g. the CPU wheel) when PyTorch sees a CUDA device: the PyTorch rows then run on the GPU."""
+    from compress.export.onnx import is_onnx_file
+    from compress.export.ort import PROVIDER_ALIASES, resolve_provider
+
+    torch_only = "ort" not in cfg.runtimes and not any(is_onnx_file(path) for _, path in entries)
+    wants_cuda = PROVIDER_ALIASES.get(str(cfg.provider).lower(), cfg.provider) == "CUDAExecutionProvider"
+    if torch_only and wants_cuda and torch.cuda.is_available():
+        return "CUDAExecutionProvider"
+    return resolve_provider(cfg.provider)
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Time every model/runtime on the grid; write ``bench.json`` in a run folder; return the results."""
     from compress.export.onnx import check_parity, export_onnx, is_onnx_file, load_torch_model
-    from compress.export.ort import OrtModel, resolve_provider
+    from compress.export.ort import OrtModel
     from compress.measure.flops import count_flops
     from compress.measure.latency import matmul_peak_gflops, measure_interleaved
     from compress.measure.params import onnx_initializer_stats
@@ -152,8 +166,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     )
     from compress.runs import RunDir, write_json
 
-    provider = resolve_provider(cfg.provider)
     entries = [parse_entry(m) for m in cfg.models]
+    provider = bench_provider(cfg, entries)
     for _, path in entries:  # validate every path before anything is written or timed
         _validate_model_path(path)
     if cfg.threads:
