@@ -368,6 +368,7 @@ class RayBackend:
         ray = import_ray()
         self.ray = ray
         self.owns_session = not ray.is_initialized()
+        self.raised: BaseException | None = None  # by the caller's SIGTERM handler, see _init
         self.capture = RayLogCapture()
         try:
             if self.owns_session:
@@ -398,8 +399,24 @@ class RayBackend:
             raise UsageError(f"--address {address}: cannot reach a Ray cluster ({first}); start one "
                              "with 'ray start --head' or leave --address unset to run Ray here") from None
         finally:
-            if main and previous is not None:
+            if main and callable(previous):
+                signal.signal(signal.SIGTERM, self._remembering(previous))
+            elif main and previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+    def _remembering(self, handler):
+        """``handler``, remembering the exception it raises: Ray turns any exception raised by a
+        signal handler while it waits in C++ into a plain KeyboardInterrupt, which ``wait`` puts
+        back (SIGTERM stays SIGTERM for the caller: exit 143, not 130)."""
+
+        def on_signal(signum, frame):
+            try:
+                handler(signum, frame)
+            except BaseException as exc:
+                self.raised = exc
+                raise
+
+        return on_signal
 
     def prepare(self, sweep_dir: Path) -> None:
         """Ray's log into the sweep's logs (``logs/ray.log``), then the shared-storage check."""
@@ -422,7 +439,12 @@ class RayBackend:
     def wait(self, timeout: float) -> list[Ended]:
         if not self.running:
             return []
-        done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=timeout)
+        try:
+            done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=timeout)
+        except KeyboardInterrupt as exc:
+            if self.raised is not None and exc is not self.raised:
+                raise self.raised from None
+            raise
         ended = []
         for ref in done:
             name = self.running.pop(ref)
