@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from compress.config import check_choice, check_range, option, to_dict
-from compress.errors import UsageError
+from compress.errors import ModelError, UsageError
 from compress.export.onnx import (
     DEFAULT_SHAPES,
     FP32_ATOL,
@@ -96,6 +96,23 @@ class ExportConfig:
             raise UsageError(f"--eval-limit must be >= 1, got {self.eval_limit}")
 
 
+def check_task_fits(spec: str, loaded, label_names: tuple[str, ...]) -> None:
+    """``--task`` scores the model's outputs as the task's labels: a saved label set must be the
+    task's (``compress eval``'s check); a model without one (an encoder with a fresh head) must at
+    least have one output per label. Before anything is exported."""
+    from compress.models import check_model_labels
+
+    saved = (loaded.meta or {}).get("label_names")
+    if saved is not None:
+        check_model_labels(spec, saved, label_names)
+        return
+    outputs = getattr(getattr(loaded.model, "config", None), "num_labels", None)
+    if outputs is not None and outputs != len(label_names):
+        raise ModelError(f"model '{spec}' has {outputs} outputs and no saved label set, but the task has "
+                         f"{len(label_names)} labels {list(label_names)}; export a model fine-tuned on "
+                         "this task, or drop --task")
+
+
 def run_export(cfg: ExportConfig) -> dict[str, Any]:
     """Export ``cfg.model`` to ``cfg.to`` with parity checks; returns (and writes) the report.
 
@@ -120,6 +137,8 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         task_data = load_task_data(TaskDataConfig(task=cfg.task, data_dir=cfg.data_dir,
                                                   eval_limit=cfg.eval_limit), ("eval",))
     loaded = load_torch_model(cfg.model)
+    if task_data is not None:
+        check_task_fits(cfg.model, loaded, task_data[1]["eval"].label_names)
     tmp = dst.parent / f".tmp-{dst.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
