@@ -225,3 +225,16 @@ def test_export_with_a_task_whose_labels_do_not_fit_the_model_is_refused(tiny_be
                                   "--data-dir", str(data)), 1)
     assert "has 2 outputs and no saved label set, but the task has 3 labels ['a', 'b', 'c']" in err
     assert list(tmp_path.glob("m*")) == [] and list(tmp_path.glob(".tmp-*")) == []
+
+
+def test_exporter_warnings_go_to_the_report_and_only_verbose_prints_them(tiny_bert, tmp_path):
+    """torch's exporter warns on every export (TracerWarning, UserWarning): a fresh interpreter,
+    where nothing filters warnings, shows the terminal a clean run and the report the warnings."""
+    quiet = run_cli("export", str(tiny_bert), "--to", str(tmp_path / "q.onnx"), isolated=True)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stderr == ""
+    caught = json.loads((tmp_path / "q.json").read_text())["exporter_warnings"]
+    assert caught and all(isinstance(w, str) and w.split(":")[0].endswith("Warning") for w in caught)
+    loud = run_cli("export", str(tiny_bert), "--to", str(tmp_path / "v.onnx"), "--verbose", isolated=True)
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    assert all(f"warning: {w}" in loud.stderr for w in caught)
