@@ -181,7 +181,8 @@ def test_a_sweep_folder_the_nodes_cannot_see_is_refused(ray_cluster, tmp_path, m
 
 
 @pytest.mark.integration
-def test_gordon_ci_pipeline_on_ray(tiny_bert, shared_data, tmp_path):
+def test_gordon_ci_pipeline_on_ray(ray_cluster, tiny_bert, shared_data, tmp_path):
+    """On the module's Ray instance (127.0.0.1 only), which the pipeline's sweep uses as it is."""
     out = tmp_path / "g"
     res = run_cli("run", "pipelines/configs/gordon-ci.yaml", "sweep.backend=ray", f"model={tiny_bert}",
                   f"out={out}", f"data_dir={SHARED_DATA}", f"pretrain.corpus=[{SHARED_DATA / 'wikitext2'}]",
