@@ -60,8 +60,8 @@ def main(argv=None) -> int:
         x2 = x3.reshape(-1, in_f)
         case = {"shape": [out_f, in_f], "tokens": x2.shape[0]}
         with torch.no_grad():
-            case["dense_2d_ms"] = timed(lambda: lin(x2))
-            case["dense_3d_ms"] = timed(lambda: lin(x3))
+            case["dense_2d_ms"] = timed(lambda lin=lin, x2=x2: lin(x2))
+            case["dense_3d_ms"] = timed(lambda lin=lin, x3=x3: lin(x3))
             for backend, force in (("cusparselt", False), ("cutlass", True)):
                 SparseSemiStructuredTensor._FORCE_CUTLASS = force
                 try:
@@ -69,14 +69,14 @@ def main(argv=None) -> int:
                     sp.weight = torch.nn.Parameter(to_sparse_semi_structured(w.clone()), requires_grad=False)
                     sp.bias = lin.bias
                     case[f"{backend}_class"] = type(sp.weight).__name__
-                    case[f"{backend}_2d_ms"] = timed(lambda sp=sp: sp(x2))
-                    case[f"{backend}_3d_ms"] = timed(lambda sp=sp: sp(x3))
+                    case[f"{backend}_2d_ms"] = timed(lambda sp=sp, x2=x2: sp(x2))
+                    case[f"{backend}_3d_ms"] = timed(lambda sp=sp, x3=x3: sp(x3))
                     err = (sp(x2) - lin(x2)).abs().max().item()
                     case[f"{backend}_max_abs_diff"] = err
-                    case[f"{backend}_kernels_3d"] = top_kernels(lambda sp=sp: sp(x3))
+                    case[f"{backend}_kernels_3d"] = top_kernels(lambda sp=sp, x3=x3: sp(x3))
                 except Exception as exc:  # recorded: a backend missing here is an answer too
                     case[f"{backend}_error"] = f"{type(exc).__name__}: {exc}"[:500]
-            case["dense_kernels_3d"] = top_kernels(lambda: lin(x3))
+            case["dense_kernels_3d"] = top_kernels(lambda lin=lin, x3=x3: lin(x3))
         result["cases"].append(case)
         print(json.dumps({k: v for k, v in case.items() if "kernels" not in k}))
     SparseSemiStructuredTensor._FORCE_CUTLASS = False

@@ -101,14 +101,19 @@ def verify_checkpoint(path: Path) -> bool:
 def latest_checkpoint(folder: Path) -> Path | None:
     """The newest checkpoint under ``folder`` whose hash verifies; None when there is none.
 
-    A corrupt newest checkpoint is skipped (with a warning) in favour of the previous one; if every
-    checkpoint is corrupt, IntegrityError says so rather than silently restarting from step 0.
+    A corrupt newest checkpoint is skipped in favour of the previous one, with one warning naming
+    both; if every checkpoint is corrupt, IntegrityError says so (its one line, no warning before
+    it) rather than silently restarting from step 0.
     """
     dirs = checkpoint_dirs(folder)
+    corrupt = []
     for d in reversed(dirs):
         if verify_checkpoint(d):
+            if corrupt:
+                log_.warning("checkpoint %s does not match its SHA-256; resuming from %s instead",
+                             ", ".join(c.name for c in corrupt), d.name)
             return d
-        log_.warning("checkpoint %s does not match its SHA-256; trying the previous one", d)
+        corrupt.append(d)
     if dirs:
         raise IntegrityError(f"every checkpoint under {folder} is corrupt ({', '.join(d.name for d in dirs)}"
                              f" fail their SHA-256); remove {folder} to restart from step 0")

@@ -161,6 +161,15 @@ def load_tokenizer(spec: str):
         raise _hub_error(spec, exc) from None
 
 
+def check_model_labels(spec: str, saved, label_names) -> None:
+    """The model's saved label set (its ``compress.json`` or ``student.json``) must be the task's,
+    in order: what ``compress eval`` and ``compress export --task`` score, one ModelError line
+    otherwise (a 2-label head scored on a 4-label task would be a metric of nothing)."""
+    if tuple(saved) != tuple(label_names):
+        raise ModelError(f"model '{spec}' was trained for labels {list(saved)}, but the task has "
+                         f"{list(label_names)}; use a model fine-tuned on this task")
+
+
 def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = False,
                     strict_labels: bool = False):
     """A sequence classifier for ``label_names``.
@@ -177,9 +186,7 @@ def load_classifier(spec: str, label_names: tuple[str, ...], multilabel: bool = 
         if saved is None:
             raise ModelError(f"model '{spec}' was not fine-tuned by compress on a task; "
                              "pass a fine-tuned run folder")
-        if tuple(saved) != tuple(label_names):
-            raise ModelError(f"model '{spec}' was trained for labels {saved}, but the task has "
-                             f"{list(label_names)}; use a model fine-tuned on this task")
+        check_model_labels(spec, saved, label_names)
     same_head = saved is not None and tuple(saved) == tuple(label_names)
     kwargs: dict[str, Any] = dict(
         num_labels=len(label_names),

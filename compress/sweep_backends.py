@@ -11,16 +11,24 @@ The Ray backend turns every cell into a Ray task that declares its resources (``
 once. The task runs the cell as a child process on that node and writes its log into the sweep
 folder, which therefore must be on storage every node mounts; ``check_shared_storage`` proves that
 before the first cell starts.
+
+Nothing on the Ray path may hang or fill the terminal: ``check_address`` proves that ``--address``
+answers (a TCP connect of a few seconds) before Ray is asked to join it, since ``ray.init`` on a
+dead address retries for minutes; ``check_cell_fits`` refuses a cell larger than every node, which
+Ray would queue for ever; and Ray's own log lines (its notices, the C++ core's connection retries)
+go to ``<sweep>/logs/ray.log``, not to the terminal.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,6 +39,8 @@ from compress.errors import DataError, UsageError
 
 BACKENDS = ("local", "ray")
 RAY_INSTALL = "pip install 'compress[ray]'"
+CONNECT_TIMEOUT_S = 3.0  # how long --address may take to accept a TCP connection
+GCS_PORT, CLIENT_PORT = 6379, 10001  # Ray's default ports: HOST alone, ray://HOST alone
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,9 @@ class LocalBackend:
 
     def describe(self) -> str:
         return f"{self.jobs} at a time"
+
+    def prepare(self, sweep_dir: Path) -> None:
+        """Nothing to check before the first cell: the cells run here."""
 
     def has_room(self) -> bool:
         return len(self.running) < self.jobs
@@ -205,38 +218,210 @@ def check_shared_storage(ray, sweep_dir: Path) -> int:
     return len(nodes)
 
 
+def _host_port(text: str, default_port: int, shown: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT``; the port may be left out) -> (host, port); a UsageError when
+    the port is not a number."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit("//" + text)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host:
+        raise UsageError(f"{shown} is not HOST:PORT; pass e.g. head-node:6379, "
+                         "ray://head-node:10001 or auto")
+    return host, port or default_port
+
+
+def _connect(host: str, port: int, timeout: float) -> str | None:
+    """None when something accepts a TCP connection at host:port within ``timeout`` seconds, else
+    why not, in a few words."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except socket.gaierror:
+        return f"unknown host '{host}'"
+    except ConnectionRefusedError:
+        return "connection refused: nothing listens there"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Prove that ``--address`` answers before ``ray.init`` is asked to join it (it retries a dead
+    address for minutes, printing as it goes). ``HOST:PORT``: a TCP connect to the GCS port;
+    ``ray://HOST:PORT``: to the Ray Client port; ``auto``: Ray's own discovery of a cluster running
+    on this node (the latest ``ray start``), then its GCS port. ``RAY_ADDRESS`` overrides an unset
+    or ``auto`` address, as it does for ``ray.init``. Unset (start Ray here): nothing to check.
+    A dead address is one UsageError line naming it and the fix."""
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    shown = f"--address {address}"
+    if env and address in (None, "auto"):
+        address, shown = env, f"RAY_ADDRESS={env}"
+    if address is None or address == "local":
+        return
+    if address == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        try:
+            found = get_ray_address_from_environment("auto", None)
+        except ConnectionError:
+            found = None
+        if not found or found == "auto":
+            raise UsageError(f"{shown}: no Ray cluster is running on this node; start one with "
+                             "'ray start --head', pass the cluster's HOST:6379, or leave --address unset "
+                             "to start Ray for this sweep")
+        host, port = _host_port(found, GCS_PORT, shown)
+        fix = "start the cluster ('ray start --head') or pass its address"
+    elif address.startswith("ray://"):
+        host, port = _host_port(address[len("ray://"):], CLIENT_PORT, shown)
+        fix = ("start the cluster with its Ray Client server ('ray start --head "
+               f"--ray-client-server-port={port}') or check the address")
+    elif "://" in address:
+        raise UsageError(f"{shown}: unknown scheme; pass HOST:PORT, ray://HOST:PORT or auto")
+    else:
+        host, port = _host_port(address, GCS_PORT, shown)
+        fix = f"start the cluster ('ray start --head --port={port}' on {host}) or check the address"
+    why = _connect(host, port, timeout)
+    if why is not None:
+        raise UsageError(f"{shown}: no Ray cluster answers at {host}:{port} ({why}); {fix}")
+
+
+def check_cell_fits(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> None:
+    """Refuse a cell that no alive node can hold: Ray would queue its task for ever. ``nodes`` is
+    ``ray.nodes()``; the message names the request and the largest node's resources."""
+    alive = [n for n in nodes if n.get("Alive")]
+    have = [(float(n.get("Resources", {}).get("CPU", 0)), float(n.get("Resources", {}).get("GPU", 0)),
+             n.get("NodeManagerAddress", "?")) for n in alive]
+    if any(c >= cpus and g >= gpus for c, g, _ in have):
+        return
+    if not have:
+        raise UsageError("the Ray cluster has no alive node; start one ('ray start') and re-run")
+    # the node closest to fitting: most GPUs first when GPUs are asked for, else most CPUs
+    c, g, where = max(have, key=(lambda h: (h[1], h[0])) if gpus > 0 else (lambda h: (h[0], h[1])))
+    raise UsageError(f"--cpus-per-cell {cpus:g} --gpus-per-cell {gpus:g} is more than any node of the "
+                     f"Ray cluster offers: the largest has {c:g} CPUs and {g:g} GPUs ({where}, "
+                     f"{len(have)} node(s)); lower --cpus-per-cell/--gpus-per-cell or add a larger node")
+
+
+class RayLogCapture:
+    """Ray's own output while the driver talks to it: its Python loggers (``ray``) and whatever its
+    C++ core writes to file descriptor 2 ("Failed to connect to GCS ...") go to a file rather than
+    the terminal. First a temporary file (the sweep folder is not written before Ray has been
+    reached and the cell checked), then ``<sweep>/logs/ray.log`` once ``move_to`` names it."""
+
+    def __init__(self):
+        self.file = tempfile.TemporaryFile(mode="w+b")
+        self.path: Path | None = None
+        self.saved_fd = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(self.file.fileno(), 2)
+        self.handler = logging.StreamHandler(open(os.dup(self.file.fileno()), "w", encoding="utf-8",
+                                                  errors="replace", buffering=1))
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.logger = logging.getLogger("ray")
+        self.old = (self.logger.handlers[:], self.logger.propagate)
+        self.logger.handlers[:] = [self.handler]
+        self.logger.propagate = False
+
+    def move_to(self, path: Path) -> None:
+        """Copy what was captured to ``path`` and go on appending there."""
+        self.file.flush()
+        self.file.seek(0)
+        with open(path, "ab") as fh:
+            fh.write(self.file.read())
+        target = open(path, "ab", buffering=0)
+        sys.stderr.flush()
+        os.dup2(target.fileno(), 2)
+        self.handler.setStream(open(os.dup(target.fileno()), "w", encoding="utf-8", errors="replace",
+                                    buffering=1)).close()
+        self.file.close()
+        self.file, self.path = target, path
+
+    def close(self) -> None:
+        if self.saved_fd < 0:
+            return
+        sys.stderr.flush()
+        os.dup2(self.saved_fd, 2)
+        os.close(self.saved_fd)
+        self.saved_fd = -1
+        self.logger.handlers[:], self.logger.propagate = self.old
+        self.handler.close()
+        self.file.close()
+
+
 class RayBackend:
     """Each cell a Ray task with ``cpus``/``gpus`` declared; Ray decides how many run at once.
 
     ``address`` None starts Ray on this machine; ``auto`` joins the running cluster; anything else
     is the cluster's address (``ray://host:10001`` or ``host:6379``). A Ray session already opened
-    by the caller (``ray.init`` in a notebook) is used as it is and left open."""
+    by the caller (``ray.init`` in a notebook) is used as it is and left open. The constructor
+    reaches the cluster and checks that a cell fits a node, writing nothing; ``prepare`` checks the
+    sweep folder from every node once it exists."""
 
     name = "ray"
 
-    def __init__(self, sweep_dir: Path, runner: str | None, address: str | None, cpus: float, gpus: float):
+    def __init__(self, runner: str | None, address: str | None, cpus: float, gpus: float):
         ray = import_ray()
         self.ray = ray
         self.owns_session = not ray.is_initialized()
-        if self.owns_session:
-            try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise UsageError(f"--address {address}: cannot reach a Ray cluster ({first}); start one "
-                                 "with 'ray start --head' or leave --address unset to run Ray here") from None
+        self.raised: BaseException | None = None  # by the caller's SIGTERM handler, see _init
+        self.capture = RayLogCapture()
         try:
-            self.nodes = check_shared_storage(ray, sweep_dir)
+            if self.owns_session:
+                self._init(address)
+            check_cell_fits(ray.nodes(), cpus, gpus)
         except BaseException:
             self.close()
             raise
+        self.nodes = 0
         self.runner = runner
         self.cpus, self.gpus = cpus, gpus
         threads = str(max(1, int(cpus)))
         self.env = {"COMPRESS_NO_PROGRESS": "1", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         self.task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(cell_task)
         self.running: dict[Any, str] = {}  # object ref -> cell name
+
+    def _init(self, address: str | None) -> None:
+        # ray.init replaces the SIGTERM handler (with sys.exit, or, when it starts Ray here, one that
+        # kills Ray's processes and exits 1): put the caller's back, so SIGTERM stops the sweep as
+        # Ctrl-C does, which cancels the cells, records them and shuts Ray down.
+        main = threading_is_main()
+        previous = signal.getsignal(signal.SIGTERM) if main else None
+        try:
+            self.ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                          configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"--address {address}: cannot reach a Ray cluster ({first}); start one "
+                             "with 'ray start --head' or leave --address unset to run Ray here") from None
+        finally:
+            if main and callable(previous):
+                signal.signal(signal.SIGTERM, self._remembering(previous))
+            elif main and previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _remembering(self, handler):
+        """``handler``, remembering the exception it raises: Ray turns any exception raised by a
+        signal handler while it waits in C++ into a plain KeyboardInterrupt, which ``wait`` puts
+        back (SIGTERM stays SIGTERM for the caller: exit 143, not 130)."""
+
+        def on_signal(signum, frame):
+            try:
+                handler(signum, frame)
+            except BaseException as exc:
+                self.raised = exc
+                raise
+
+        return on_signal
+
+    def prepare(self, sweep_dir: Path) -> None:
+        """Ray's log into the sweep's logs (``logs/ray.log``), then the shared-storage check."""
+        self.capture.move_to(sweep_dir / "logs" / "ray.log")
+        self.nodes = check_shared_storage(self.ray, sweep_dir)
 
     def describe(self) -> str:
         total = self.ray.cluster_resources()
@@ -254,7 +439,12 @@ class RayBackend:
     def wait(self, timeout: float) -> list[Ended]:
         if not self.running:
             return []
-        done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=timeout)
+        try:
+            done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=timeout)
+        except KeyboardInterrupt as exc:
+            if self.raised is not None and exc is not self.raised:
+                raise self.raised from None
+            raise
         ended = []
         for ref in done:
             name = self.running.pop(ref)
@@ -275,14 +465,24 @@ class RayBackend:
         return names
 
     def close(self) -> None:
-        if self.owns_session and self.ray.is_initialized():
-            self.ray.shutdown()
+        try:
+            if self.owns_session and self.ray.is_initialized():
+                self.ray.shutdown()
+        finally:
+            self.capture.close()
 
 
-def make_backend(backend: str, sweep_dir: Path, jobs: int, runner: str | None, address: str | None,
-                 cpus: float, gpus: float):
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def make_backend(backend: str, jobs: int, runner: str | None, address: str | None, cpus: float,
+                 gpus: float):
+    """The backend, ready to start cells once ``prepare(sweep_dir)`` has run; writes nothing."""
     if backend == "local":
         return LocalBackend(jobs, runner)
     if backend == "ray":
-        return RayBackend(sweep_dir, runner, address, cpus, gpus)
+        return RayBackend(runner, address, cpus, gpus)
     raise UsageError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKENDS)}")

@@ -54,4 +54,9 @@ def run(args):
                              f"max |diff| of logits {diff:.3g}")
     lines.append(f"report -> {report['report']}")
     print("\n".join(lines))
+    if getattr(args, "verbose", False):  # otherwise only in the report, under exporter_warnings
+        import sys
+
+        for w in report.get("exporter_warnings", []):
+            print(f"warning: {w}", file=sys.stderr)
     return 0

@@ -93,6 +93,22 @@ def check_model_flags(argv: list[str]) -> None:
             resolve_model(value)
 
 
+def check_sweep_address(argv: list[str]) -> None:
+    """``compress sweep --backend ray --address A``: prove that A answers before the full parser is
+    built (seconds of imports), so a dead cluster is refused within a few seconds. The sweep
+    checks it again when the address comes from --config."""
+    if not argv or argv[0] != "sweep":
+        return
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--backend")
+    pre.add_argument("--address")
+    known, _ = pre.parse_known_args(argv[1:])
+    if known.backend == "ray" and known.address is not None and known.address.strip():
+        from compress.sweep_backends import check_address
+
+        check_address(known.address)
+
+
 def quiet_libraries() -> None:
     """Hide the Hugging Face load reports (tables of MISSING keys), warnings and weight-loading
     bars, and the training bar when stderr is not a terminal (a log file would fill with carriage
@@ -126,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         check_model_flags(argv)
+        check_sweep_address(argv)
     except CompressError as exc:
         print(f"compress {argv[0]}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

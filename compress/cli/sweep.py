@@ -24,11 +24,14 @@ def run(args):
     cfg = config_from_args(SweepConfig, args)
     try:
         path = run_sweep(cfg)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (compress.cli.main.Terminated)
         import sys
 
-        print("compress sweep: interrupted; re-run the same command (same --out) to resume: "
+        from compress.cli.main import Terminated
+
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"compress sweep: {what}; re-run the same command (same --out) to resume: "
               "finished cells are kept, the interrupted ones are redone", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
     print(f"sweep folder: {path}\nthen: compress report {path}")
     return 0

@@ -32,7 +32,7 @@ from compress.distill.losses import (
     default_kd_lambda,
     distillation_loss,
 )
-from compress.errors import UsageError
+from compress.errors import ModelError, UsageError
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
 TEACHER_SELF = "self"  # --teacher self: the dense model the run starts from
@@ -84,14 +84,16 @@ def check_teacher_spec(teacher: str | None) -> None:
 def check_teacher_fits(teacher_tokenizer, student_tokenizer, teacher_labels, student_labels,
                        teacher_spec: str) -> None:
     """A teacher must score the same labels from the same token ids as the student (its logits
-    are cached per example, so they are the student's targets position by position)."""
+    are cached per example, so they are the student's targets position by position). Either
+    mismatch is a model that does not fit (ModelError, exit 1), as a model with other labels is
+    for ``compress eval``."""
     if tuple(teacher_labels) != tuple(student_labels):
-        raise UsageError(f"teacher '{teacher_spec}' predicts labels {list(teacher_labels)}, the task has "
+        raise ModelError(f"teacher '{teacher_spec}' predicts labels {list(teacher_labels)}, the task has "
                          f"{list(student_labels)}; use a teacher fine-tuned on this task")
     same = (teacher_tokenizer.get_vocab() == student_tokenizer.get_vocab()
             and teacher_tokenizer.all_special_ids == student_tokenizer.all_special_ids)
     if not same:
-        raise UsageError(f"teacher '{teacher_spec}' has another tokenizer than the pruned model "
+        raise ModelError(f"teacher '{teacher_spec}' has another tokenizer than the pruned model "
                          f"({len(teacher_tokenizer)} vs {len(student_tokenizer)} tokens); distil from a "
                          "teacher fine-tuned from the same base model")
 

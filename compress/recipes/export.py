@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,31 @@ class ExportConfig:
             raise UsageError(f"--eval-limit must be >= 1, got {self.eval_limit}")
 
 
+def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
+    """Recorded warnings as ``Category: message`` strings, each once, in the order first raised."""
+    seen: dict[str, None] = {}
+    for w in caught:
+        seen.setdefault(f"{w.category.__name__}: {w.message}".strip(), None)
+    return list(seen)
+
+
+def check_task_fits(spec: str, loaded, label_names: tuple[str, ...]) -> None:
+    """``--task`` scores the model's outputs as the task's labels: a saved label set must be the
+    task's (``compress eval``'s check); a model without one (an encoder with a fresh head) must at
+    least have one output per label. Before anything is exported."""
+    from compress.models import check_model_labels
+
+    saved = (loaded.meta or {}).get("label_names")
+    if saved is not None:
+        check_model_labels(spec, saved, label_names)
+        return
+    outputs = getattr(getattr(loaded.model, "config", None), "num_labels", None)
+    if outputs is not None and outputs != len(label_names):
+        raise ModelError(f"model '{spec}' has {outputs} outputs and no saved label set, but the task has "
+                         f"{len(label_names)} labels {list(label_names)}; export a model fine-tuned on "
+                         "this task, or drop --task")
+
+
 def run_export(cfg: ExportConfig) -> dict[str, Any]:
     """Export ``cfg.model`` to ``cfg.to`` with parity checks; returns (and writes) the report.
 
@@ -120,62 +146,72 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
 
         task_data = load_task_data(TaskDataConfig(task=cfg.task, data_dir=cfg.data_dir,
                                                   eval_limit=cfg.eval_limit), ("eval",))
-    loaded = load_torch_model(cfg.model)
-    tmp = dst.parent / f".tmp-{dst.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        report: dict[str, Any] = {"config": to_dict(cfg), "kind": loaded.kind,
-                                  "inputs": list(loaded.input_names), "outputs": ["logits"],
-                                  "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
-        fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
-        report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
-        final = fp32
-        if cfg.optimize or cfg.precision != "fp32":  # half precision: fuse first, then convert
-            model_type, why = optimizer_model_type(loaded)
-            report["optimizer_model_type"] = model_type
-            fused: dict[str, int] = {}
-            if model_type is not None:
-                heads, hidden = attention_shape(loaded)
-                fused = optimize_onnx(fp32, tmp / "optimized.onnx", heads, hidden, model_type=model_type)
-                report["parity_optimized"] = check_parity(loaded, tmp / "optimized.onnx", shapes, cfg.atol,
-                                                          provider, "optimized fp32")
-                final = tmp / "optimized.onnx"
-            report["fused_ops"] = fused
-            report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
-        fp32_final = final
-        if cfg.precision != "fp32":
-            half = tmp / f"{cfg.precision}.onnx"
-            report["half"] = convert_to_half(final, half, cfg.precision)
-            onnx_checker(half)
-            report[f"parity_{cfg.precision}"] = half_parity(loaded, half, cfg.precision, shapes,
-                                                            cfg.half_atol, provider)
-            final = half
-        if cfg.quantize == "int8":
-            q = quantize_int8(final, tmp / "int8.onnx", per_channel=cfg.per_channel)
-            report["parity_int8"] = check_parity(loaded, q, shapes, cfg.int8_atol, provider, "int8")
-            report["int8_tolerance_note"] = (f"int8 parity uses an absolute tolerance of {cfg.int8_atol:g} "
-                                             "on logits (dynamic quantization rounds activations)")
-            final = q
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_torch_model(cfg.model)
         if task_data is not None:
-            spec, data = task_data
-            tok = tokenizer_for(loaded)
-            max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
-            if cfg.precision != "fp32":
-                acc = half_accuracy(fp32_final, final, cfg.precision, tok, spec, data["eval"], max_len,
-                                    provider)
-            else:
-                acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len, provider=provider)}
-            if cfg.quantize == "int8":
-                acc["int8"] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
-            report["accuracy"] = {"task": spec.name, "metric": spec.metric, **acc}
-        shutil.move(str(final), dst)
-        report["file"] = str(dst)
-        report["bytes"] = dst.stat().st_size
-        report["report"] = str(report_path)
-        report_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    finally:
+            check_task_fits(cfg.model, loaded, task_data[1]["eval"].label_names)
+        tmp = dst.parent / f".tmp-{dst.name}"
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            report: dict[str, Any] = {"config": to_dict(cfg), "kind": loaded.kind,
+                                      "inputs": list(loaded.input_names), "outputs": ["logits"],
+                                      "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
+            fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
+            report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
+            final = fp32
+            if cfg.optimize or cfg.precision != "fp32":  # half precision: fuse first, then convert
+                model_type, why = optimizer_model_type(loaded)
+                report["optimizer_model_type"] = model_type
+                fused: dict[str, int] = {}
+                if model_type is not None:
+                    heads, hidden = attention_shape(loaded)
+                    fused = optimize_onnx(fp32, tmp / "optimized.onnx", heads, hidden,
+                                          model_type=model_type)
+                    report["parity_optimized"] = check_parity(loaded, tmp / "optimized.onnx", shapes,
+                                                              cfg.atol, provider, "optimized fp32")
+                    final = tmp / "optimized.onnx"
+                report["fused_ops"] = fused
+                report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
+            fp32_final = final
+            if cfg.precision != "fp32":
+                half = tmp / f"{cfg.precision}.onnx"
+                report["half"] = convert_to_half(final, half, cfg.precision)
+                onnx_checker(half)
+                report[f"parity_{cfg.precision}"] = half_parity(loaded, half, cfg.precision, shapes,
+                                                                cfg.half_atol, provider)
+                final = half
+            if cfg.quantize == "int8":
+                q = quantize_int8(final, tmp / "int8.onnx", per_channel=cfg.per_channel)
+                report["parity_int8"] = check_parity(loaded, q, shapes, cfg.int8_atol, provider, "int8")
+                report["int8_tolerance_note"] = (f"int8 parity uses an absolute tolerance of "
+                                                 f"{cfg.int8_atol:g} on logits (dynamic quantization "
+                                                 "rounds activations)")
+                final = q
+            if task_data is not None:
+                spec, data = task_data
+                tok = tokenizer_for(loaded)
+                max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
+                if cfg.precision != "fp32":
+                    acc = half_accuracy(fp32_final, final, cfg.precision, tok, spec, data["eval"], max_len,
+                                        provider)
+                else:
+                    acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len,
+                                                provider=provider)}
+                if cfg.quantize == "int8":
+                    acc["int8"] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
+                report["accuracy"] = {"task": spec.name, "metric": spec.metric, **acc}
+            shutil.move(str(final), dst)
+            report["file"] = str(dst)
+            report["bytes"] = dst.stat().st_size
+            report["report"] = str(report_path)
+            # torch's exporter warns on every export (TracerWarning on shape-dependent branches,
+            # UserWarning on opsets): recorded in the report instead of printed; --verbose prints them
+            report["exporter_warnings"] = warning_lines(caught)
+            report_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return report
 
 

@@ -48,7 +48,7 @@ from compress.config import check_range, option, to_dict
 from compress.errors import DataError, UsageError
 from compress.runs import artifacts_root, write_json
 from compress.security import resolve_out
-from compress.sweep_backends import BACKENDS, import_ray, make_backend, runner_prefix
+from compress.sweep_backends import BACKENDS, check_address, import_ray, make_backend, runner_prefix
 
 
 @dataclass(frozen=True)
@@ -443,8 +443,47 @@ def validate_inputs(cfg: SweepConfig) -> None:
         from compress.models import resolve_model
 
         resolve_model(cfg.model)
+        check_sweep_teacher(cfg)
     if cfg.backend == "ray":
         import_ray()
+        check_address(cfg.address)
+
+
+def _task_labels(cfg: SweepConfig, spec) -> tuple[str, ...]:
+    """The label names a cell of ``spec`` trains on: the task's fixed set, else its training file's."""
+    if spec.labels is not None:
+        return tuple(spec.labels)
+    from compress.tasks import DataOptions, data_dir_from_env, load_split
+
+    data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else data_dir_from_env()
+    return tuple(load_split(spec, DataOptions(data_dir=data_dir), spec.train_split).label_names)
+
+
+def check_sweep_teacher(cfg: SweepConfig) -> None:
+    """``--teacher RUN``: load it once and check it against every task and ``--model``'s tokenizer,
+    with the check each KD cell would make (``check_teacher_fits``), so a teacher that does not fit
+    is one line now rather than a failed ``+kd`` cell per sparsity, task and rate later. ``self``
+    is each cell's own dense model, checked by the cell."""
+    if cfg.teacher is None or cfg.teacher == "self":
+        return
+    from compress.distill.teacher_kd import check_teacher_fits
+    from compress.models import load_classifier, load_tokenizer, read_meta, resolve_model
+    from compress.tasks import get_task
+
+    student_tok = load_tokenizer(cfg.model)
+    specs = [get_task(t) for t in cfg.tasks]
+    classifiers = [s for s in specs if s.family in ("classification", "multilabel")]
+    if classifiers:
+        saved = tuple(read_meta(resolve_model(cfg.teacher)).get("label_names") or ())
+        # strict: a model no compress run fine-tuned is refused here, as the cells would refuse it
+        _, teacher_tok, _ = load_classifier(cfg.teacher, saved, strict_labels=True,
+                                            multilabel=classifiers[0].family == "multilabel")
+    else:  # SQuAD: the teacher's span logits must read the same token ids
+        teacher_tok = load_tokenizer(cfg.teacher)
+    for spec in specs:
+        labels = _task_labels(cfg, spec) if spec in classifiers else ()
+        teacher_labels = saved if spec in classifiers else ()
+        check_teacher_fits(teacher_tok, student_tok, teacher_labels, labels, cfg.teacher)
 
 
 def is_finished(sweep_dir: Path, name: str) -> bool:
@@ -470,6 +509,17 @@ def _defaults() -> dict[str, Any]:
 
 def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg_dict.items() if k not in _RESUMABLE}
+
+
+def _refuse_if_locked(sweep_dir: Path) -> None:
+    """A live driver's ``.lock``: refused now, as ``_Lock`` would refuse it later."""
+    try:
+        pid = int((sweep_dir / ".lock").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return
+    if pid and pid != os.getpid() and _alive(pid):
+        raise UsageError(f"another sweep (pid {pid}) is running in {sweep_dir}; wait for it or stop it "
+                         "first")
 
 
 class _Lock:
@@ -535,9 +585,20 @@ def run_sweep(cfg: SweepConfig, log=print) -> Path:
                 shown = ", ".join(f"{k}: {old_cfg.get(k)!r} -> {cfg_dict.get(k)!r}" for k in diff)
                 raise UsageError(f"{sweep_dir} holds a sweep with other options ({shown}); re-run "
                                  "with the same options to resume it, or choose a new --out")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with _Lock(sweep_dir):
-        return _execute(cfg, cfg_dict, plan, sweep_dir, log)
+    if not all(is_finished(sweep_dir, c.name) for c in plan):
+        _refuse_if_locked(sweep_dir)  # before Ray is started for a sweep that cannot run
+        # Reach the cluster and check that a cell fits a node before anything is written.
+        backend = make_backend(cfg.backend, cfg.jobs, cfg.runner, cfg.address, cfg.cpus_per_cell,
+                               cfg.gpus_per_cell)
+    else:
+        backend = None
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        with _Lock(sweep_dir):
+            return _execute(cfg, cfg_dict, plan, sweep_dir, log, backend)
+    finally:
+        if backend is not None:
+            backend.close()
 
 
 def _log_tail(path: Path) -> str:
@@ -550,7 +611,7 @@ def _log_tail(path: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
+def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log, backend) -> Path:
     state_path = sweep_dir / "sweep.json"
     logs = sweep_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -572,8 +633,7 @@ def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
     if not pending:
         log(f"sweep {sweep_dir}: {len(plan)} cells, {n_skip} finished already, 0 to run")
         return sweep_dir
-    backend = make_backend(cfg.backend, sweep_dir, cfg.jobs, cfg.runner, cfg.address,
-                           cfg.cpus_per_cell, cfg.gpus_per_cell)
+    backend.prepare(sweep_dir)
     log(f"sweep {sweep_dir}: {len(plan)} cells, {n_skip} finished already, {len(pending)} to run "
         f"({backend.describe()})")
     in_flight: set[str] = set()
@@ -626,8 +686,6 @@ def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log) -> Path:
             status[name].pop("pid", None)
         save()
         raise
-    finally:
-        backend.close()
     bad = [n for n, s in status.items() if s["status"] in ("failed", "blocked")]
     if bad:
         from compress.errors import CompressError

@@ -199,3 +199,42 @@ def test_measure_unstructured_pruned_bert(tiny_bert, tmp_path):
     assert r["disk"]["bytes"] == pytest.approx(dense["disk"]["bytes"], rel=0.01)
     assert r["disk"]["gzip_bytes"] < dense["disk"]["gzip_bytes"]
     assert "sparsity_table" in r
+
+
+def test_export_with_a_task_whose_labels_do_not_fit_the_model_is_refused(tiny_bert, tmp_path):
+    """``--task`` scores the outputs as the task's labels: a model fine-tuned for other labels is
+    refused as ``compress eval`` refuses it, and an encoder whose fresh head has fewer outputs than
+    the task has labels likewise (both once crashed in scikit-learn after the export), exit 1,
+    one line, no file."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("text,label\ngood,a\nbad,b\nmeh,c\n")
+    (data / "dev.csv").write_text("text,label\nfine,a\nawful,b\nso-so,c\n")
+    run = tmp_path / "sample-run"
+    res = run_cli("finetune", "--model", str(tiny_bert), "--max-steps", "1", "--batch-size", "8",
+                  "--max-length", "16", "--out", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    target = tmp_path / "m.onnx"
+    err = _one_line_error(run_cli("export", str(run), "--to", str(target), "--task", "csv",
+                                  "--data-dir", str(data)), 1)
+    assert err == (f"compress export: error: model '{run}' was trained for labels ['negative', 'positive'], "
+                   "but the task has ['a', 'b', 'c']; use a model fine-tuned on this task")
+    ev = _one_line_error(run_cli("eval", "--model", str(run), "--task", "csv", "--data-dir", str(data)), 1)
+    assert ev.split(": error: ")[1] == err.split(": error: ")[1]  # the same check as eval's
+    err = _one_line_error(run_cli("export", str(tiny_bert), "--to", str(target), "--task", "csv",
+                                  "--data-dir", str(data)), 1)
+    assert "has 2 outputs and no saved label set, but the task has 3 labels ['a', 'b', 'c']" in err
+    assert list(tmp_path.glob("m*")) == [] and list(tmp_path.glob(".tmp-*")) == []
+
+
+def test_exporter_warnings_go_to_the_report_and_only_verbose_prints_them(tiny_bert, tmp_path):
+    """torch's exporter warns on every export (TracerWarning, UserWarning): a fresh interpreter,
+    where nothing filters warnings, shows the terminal a clean run and the report the warnings."""
+    quiet = run_cli("export", str(tiny_bert), "--to", str(tmp_path / "q.onnx"), isolated=True)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stderr == ""
+    caught = json.loads((tmp_path / "q.json").read_text())["exporter_warnings"]
+    assert caught and all(isinstance(w, str) and w.split(":")[0].endswith("Warning") for w in caught)
+    loud = run_cli("export", str(tiny_bert), "--to", str(tmp_path / "v.onnx"), "--verbose", isolated=True)
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    assert all(f"warning: {w}" in loud.stderr for w in caught)

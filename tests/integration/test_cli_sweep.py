@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from compress.errors import CompressError
+from compress.recipes.sweep import SweepConfig, run_sweep
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -137,3 +139,31 @@ def test_compress_run_unknown_pipeline(tmp_path):
     cfg.write_text("pipeline: gordn\n")
     res = run_cli("run", str(cfg))
     assert res.returncode == 2 and "unknown pipeline 'gordn'" in res.stderr and "gordon" in res.stderr
+
+
+def test_the_teacher_of_a_kd_sweep_is_checked_once_before_any_cell(tiny_bert, tmp_path, monkeypatch):
+    """A teacher fine-tuned on the sample (negative/positive) for a sweep over a csv task with
+    other labels: refused in one line before the first cell, the teacher loaded once."""
+    import compress.models as models
+
+    teacher = tmp_path / "teacher"
+    res = run_cli("finetune", "--model", str(tiny_bert), "--max-steps", "1", "--batch-size", "8",
+                  "--max-length", "16", "--out", str(teacher))
+    assert res.returncode == 0, res.stderr
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("text,label\ngood film,pos\nbad film,neg\n")
+    (data / "dev.csv").write_text("text,label\nfine film,pos\n")
+    loads = []
+    real = models.load_classifier
+    monkeypatch.setattr(models, "load_classifier", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    sweep = tmp_path / "sw"
+    cfg = SweepConfig(sparsities=("0.5",), tasks=("sample", "csv"), variants=("magnitude",),
+                      lrs=(1e-4, 2e-4), model=str(tiny_bert), teacher=str(teacher), data_dir=str(data),
+                      out=str(sweep))
+    with pytest.raises(CompressError) as err:  # before the first cell
+        run_sweep(cfg, log=lambda *_: None)
+    assert str(err.value) == (f"teacher '{teacher}' predicts labels ['negative', 'positive'], the task "
+                              "has ['neg', 'pos']; use a teacher fine-tuned on this task")
+    assert loads == [str(teacher)]
+    assert not sweep.exists()

@@ -1,6 +1,7 @@
-"""``compress sweep --backend ray`` on a real local Ray cluster (``ray.init(num_cpus=2)``): the same
-cells and metrics as the local backend, a failing cell reported while the others finish, a killed
-driver resumed by re-running the command, and the shared-storage check."""
+"""``compress sweep --backend ray`` on a real local Ray cluster (``ray.init(num_cpus=2)``, bound to
+127.0.0.1 only): the same cells and metrics as the local backend, a failing cell reported while the
+others finish, a killed or signalled driver resumed by re-running the command, the shared-storage
+check, and cells larger than the cluster refused up front."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from dataclasses import replace
 
 import pytest
 
-from compress.errors import CompressError, DataError
+from compress.errors import CompressError, DataError, UsageError
 from compress.recipes.sweep import SweepConfig, build_plan, run_sweep
 from tests.conftest import SHARED_DATA, run_cli
-from tests.unit.test_sweep import FAKE
+from tests.unit.test_sweep import FAKE, _sigint_as_in_a_terminal
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'compress[ray]')")
 
@@ -28,12 +29,27 @@ TINY = dict(sparsities=("0.6",), tasks=("sample",), variants=("magnitude", "rand
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A real Ray instance on this machine, shared by the module's tests; its GCS address lets a
-    second driver (a ``compress sweep`` subprocess) join it as a user's would join a cluster."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+    second driver (a ``compress sweep`` subprocess) join it as a user's would join a cluster.
+
+    Bound to 127.0.0.1 only, never the machine's network address: Ray replaces a loopback address
+    by the address it sees the network from (even ``_node_ip_address="127.0.0.1"``) unless its
+    cluster mode is off, so ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set here, where the drivers
+    started by the tests inherit it, and in the constant Ray read at import."""
+    import ray._private.ray_constants as ray_constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        mp.delenv("RAY_ADDRESS", raising=False)
+        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _node_ip_address="127.0.0.1")
+        try:
+            address = ray.get_runtime_context().gcs_address
+            assert address.startswith("127.0.0.1:"), address
+            assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+            yield address
+        finally:
+            ray.shutdown()
 
 
 def _state(sweep):
@@ -165,7 +181,8 @@ def test_a_sweep_folder_the_nodes_cannot_see_is_refused(ray_cluster, tmp_path, m
 
 
 @pytest.mark.integration
-def test_gordon_ci_pipeline_on_ray(tiny_bert, shared_data, tmp_path):
+def test_gordon_ci_pipeline_on_ray(ray_cluster, tiny_bert, shared_data, tmp_path):
+    """On the module's Ray instance (127.0.0.1 only), which the pipeline's sweep uses as it is."""
     out = tmp_path / "g"
     res = run_cli("run", "pipelines/configs/gordon-ci.yaml", "sweep.backend=ray", f"model={tiny_bert}",
                   f"out={out}", f"data_dir={SHARED_DATA}", f"pretrain.corpus=[{SHARED_DATA / 'wikitext2'}]",
@@ -176,3 +193,73 @@ def test_gordon_ci_pipeline_on_ray(tiny_bert, shared_data, tmp_path):
     assert [c["name"] for c in state["cells"]] == ["pt-magnitude-s50", "ft-sst2-magnitude-s50-lr0.0001"]
     assert all(c["host"] for c in state["cells"])
     assert "## Pre-training loss vs sparsity" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("kw, request_words", [
+    ({"cpus_per_cell": 3.0}, "--cpus-per-cell 3 --gpus-per-cell 0"),
+    ({"gpus_per_cell": 1.0}, "--cpus-per-cell 1 --gpus-per-cell 1"),
+])
+def test_a_cell_larger_than_every_node_is_refused_before_anything_is_written(ray_cluster, tmp_path, kw,
+                                                                              request_words):
+    script = tmp_path / "fake_cell.py"
+    script.write_text(FAKE)
+    sweep = tmp_path / "sw"
+    cfg = SweepConfig(sparsities=("0.3",), tasks=("sst2",), variants=("magnitude",), backend="ray",
+                      out=str(sweep), runner=f"{sys.executable} {script}", **kw)
+    with pytest.raises(UsageError) as err:
+        run_sweep(cfg, log=lambda *_: None)
+    assert str(err.value).startswith(f"{request_words} is more than any node of the Ray cluster offers: "
+                                     "the largest has 2 CPUs and 0 GPUs (127.0.0.1, 1 node(s))")
+    assert not sweep.exists()  # Ray would have queued the cell for ever
+
+
+@pytest.mark.parametrize("sig, code, what", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted")])
+def test_a_signalled_ray_driver_stops_within_seconds_and_the_rerun_resumes(ray_cluster, tmp_path, sig,
+                                                                           code, what):
+    """SIGTERM or SIGINT to a driver joined to the cluster while a cell runs: it cancels the cell,
+    records it as interrupted, removes its lock and exits with the usual line, within seconds (Ray's
+    own SIGTERM handler, installed by ray.init, would exit without any of that); the driver's
+    terminal shows nothing of Ray's, which went to logs/ray.log; the same command then resumes."""
+    script = tmp_path / "fake_cell.py"
+    script.write_text(FAKE)
+    sweep = tmp_path / "sw"
+    slow = "ft-sst2-magnitude-s60-lr5e-05"
+    base = ["sweep", "--sparsities", "0.6", "--tasks", "sst2", "--variants", "magnitude",
+            "--backend", "ray", "--address", ray_cluster, "--out", str(sweep)]
+    runner = f"env FAKE_SLOW={slow} FAKE_SLEEP=300 {sys.executable} {script}"
+    proc = subprocess.Popen([sys.executable, "-m", "compress", *base, "--runner", runner],
+                            start_new_session=True, preexec_fn=_sigint_as_in_a_terminal,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (sweep / f".tmp-{slow}" / "started").is_file():
+            time.sleep(0.2)
+        assert (sweep / f".tmp-{slow}" / "started").is_file(), "the slow cell never started"
+        cell_pid = int((sweep / "counts" / slow).read_text().split()[0])
+        t0 = time.time()
+        proc.send_signal(sig)  # the driver only, as `kill` or a scheduler sends it
+        out, err = proc.communicate(timeout=30)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code, err
+    assert took < 15, took
+    assert err.splitlines() == [f"compress sweep: {what}; re-run the same command (same --out) to resume: "
+                                "finished cells are kept, the interrupted ones are redone"]
+    assert "Token authentication" not in out + err and "GCS" not in out + err
+    assert (sweep / "logs" / "ray.log").is_file()
+    assert _state(sweep)[slow]["status"] == "interrupted"
+    assert not (sweep / ".lock").exists()
+    deadline = time.time() + 60
+    while time.time() < deadline and _alive(cell_pid):
+        time.sleep(0.2)
+    assert not _alive(cell_pid), "the cell outlived its cancelled task"
+
+    res = run_cli(*base, "--runner", f"{sys.executable} {script}")
+    assert res.returncode == 0, res.stderr
+    assert "1 cells, 0 finished already, 1 to run" in res.stdout
+    assert {c["status"] for c in _state(sweep).values()} == {"finished"}
+

@@ -419,3 +419,125 @@ def test_backend_can_change_between_runs_of_one_sweep(tmp_path, fake_runner):
     from compress.config import to_dict
 
     assert _comparable(to_dict(a)) == _comparable(to_dict(b))
+
+
+# ------------------------------------------------------------------ Ray: fail fast, never hang
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 with nothing listening: bound by the OS, then released."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("scheme, fix", [("", "ray start --head --port="),
+                                         ("ray://", "--ray-client-server-port=")])
+def test_a_dead_address_is_refused_in_one_line_within_seconds(scheme, fix, monkeypatch):
+    from compress.sweep_backends import check_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    port = _closed_port()
+    t0 = time.time()
+    with pytest.raises(UsageError) as err:
+        check_address(f"{scheme}127.0.0.1:{port}")
+    assert time.time() - t0 < 5
+    msg = str(err.value)
+    assert msg.startswith(f"--address {scheme}127.0.0.1:{port}: no Ray cluster answers at 127.0.0.1:{port} "
+                          "(connection refused")
+    assert fix in msg and "\n" not in msg
+
+
+def test_ray_address_overrides_an_unset_address_as_it_does_for_ray_init(monkeypatch):
+    from compress.sweep_backends import check_address
+
+    port = _closed_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(UsageError, match=f"^RAY_ADDRESS=127.0.0.1:{port}: no Ray cluster answers"):
+        check_address(None)
+    monkeypatch.delenv("RAY_ADDRESS")
+    check_address(None)  # unset: Ray is started here, nothing to reach
+
+
+def test_auto_without_a_cluster_or_with_a_stale_one_is_refused(monkeypatch):
+    pytest.importorskip("ray")
+    import ray._private.services as services
+
+    from compress.sweep_backends import check_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def nothing(addr, temp_dir):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(services, "get_ray_address_from_environment", nothing)
+    with pytest.raises(UsageError, match="^--address auto: no Ray cluster is running on this node; start "
+                                         "one with 'ray start --head'"):
+        check_address("auto")
+    port = _closed_port()  # what a cluster that died without 'ray stop' leaves behind
+    monkeypatch.setattr(services, "get_ray_address_from_environment", lambda a, t: f"127.0.0.1:{port}")
+    with pytest.raises(UsageError, match=f"^--address auto: no Ray cluster answers at 127.0.0.1:{port}"):
+        check_address("auto")
+
+
+@pytest.mark.parametrize("bad", ["http://head:6379", "head:port"])
+def test_a_malformed_address_is_a_usage_error(bad):
+    from compress.sweep_backends import check_address
+
+    with pytest.raises(UsageError, match=f"--address {bad}"):
+        check_address(bad)
+
+
+def test_sweep_with_a_dead_address_exits_2_within_seconds_and_writes_nothing(tmp_path, fake_runner):
+    """The real command in a fresh interpreter: refused before the parser's heavy imports."""
+    out = tmp_path / "sw"
+    port = _closed_port()
+    t0 = time.time()
+    res = run_cli("sweep", "--backend", "ray", "--address", f"127.0.0.1:{port}", "--sparsities", "0.3",
+                  "--variants", "magnitude", "--out", str(out), "--runner", fake_runner, isolated=True,
+                  env={"RAY_ADDRESS": ""})
+    took = time.time() - t0
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"compress sweep: error: --address 127.0.0.1:{port}: no Ray cluster answers at 127.0.0.1:{port} "
+        f"(connection refused: nothing listens there); start the cluster ('ray start --head --port={port}' "
+        "on 127.0.0.1) or check the address"]
+    assert took < 10, took
+    assert not out.exists()
+
+
+def test_a_dead_address_from_a_config_is_refused_before_anything_is_written(tmp_path, fake_runner,
+                                                                            monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "sw"
+    cfg = SweepConfig(sparsities=("0.3",), variants=("magnitude",), backend="ray", out=str(out),
+                      address=f"127.0.0.1:{_closed_port()}", runner=fake_runner)
+    with pytest.raises(UsageError, match="no Ray cluster answers"):
+        run_sweep(cfg, log=lambda *_: None)
+    assert not out.exists()  # no sweep.json, no logs/
+
+
+def _node(cpus, gpus=0.0, ip="10.0.0.1", alive=True):
+    return {"Alive": alive, "NodeManagerAddress": ip, "Resources": {"CPU": cpus, "GPU": gpus}}
+
+
+def test_a_cell_larger_than_every_node_is_refused_naming_the_largest():
+    from compress.sweep_backends import check_cell_fits
+
+    nodes = [_node(8, ip="10.0.0.1"), _node(4, 1, ip="10.0.0.2"), _node(64, 8, ip="10.0.0.9", alive=False)]
+    check_cell_fits(nodes, 8, 0)
+    check_cell_fits(nodes, 4, 1)
+    with pytest.raises(UsageError) as err:
+        check_cell_fits(nodes, 16, 0)
+    assert str(err.value) == ("--cpus-per-cell 16 --gpus-per-cell 0 is more than any node of the Ray "
+                              "cluster offers: the largest has 8 CPUs and 0 GPUs (10.0.0.1, 2 node(s)); "
+                              "lower --cpus-per-cell/--gpus-per-cell or add a larger node")
+    with pytest.raises(UsageError, match=r"--cpus-per-cell 1 --gpus-per-cell 2 is more .* the largest has "
+                                         r"4 CPUs and 1 GPUs \(10.0.0.2"):
+        check_cell_fits(nodes, 1, 2)
+    # both fit somewhere, but not on one node
+    with pytest.raises(UsageError, match="--cpus-per-cell 8 --gpus-per-cell 1 is more"):
+        check_cell_fits(nodes, 8, 1)

@@ -189,3 +189,32 @@ def test_span_distillation_lambda_zero_is_the_plain_objective_and_the_teacher_st
     loss.backward()
     assert all(p.grad is None for p in teacher.parameters())
     assert all(torch.equal(t_before[k], v) for k, v in teacher.state_dict().items())
+
+
+def test_a_teacher_that_does_not_fit_is_a_model_error_whatever_the_mismatch():
+    """Other labels and another tokenizer are the same kind of error (a model that does not fit,
+    exit 1), not one a usage error (exit 2) and the other a model error."""
+    from compress.distill.teacher_kd import check_teacher_fits
+    from compress.errors import ModelError
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+            self.all_special_ids = [0]
+
+        def get_vocab(self):
+            return dict(self.vocab)
+
+        def __len__(self):
+            return len(self.vocab)
+
+    same, other = Tok({"[PAD]": 0, "a": 1}), Tok({"<pad>": 0, "a": 1, "b": 2})
+    check_teacher_fits(same, Tok({"[PAD]": 0, "a": 1}), ("neg", "pos"), ("neg", "pos"), "t")
+    errors = []
+    for args in ((same, same, ("neg", "pos"), ("a", "b", "c")),
+                 (other, same, ("neg", "pos"), ("neg", "pos"))):
+        with pytest.raises(ModelError) as err:
+            check_teacher_fits(*args, "t")
+        errors.append(err.value)
+    assert [e.exit_code for e in errors] == [1, 1]
+    assert "predicts labels" in str(errors[0]) and "another tokenizer" in str(errors[1])

@@ -319,7 +319,7 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatc
     assert latest_checkpoint(tmp_path).name == "step-00000002"
 
 
-def test_keeps_the_last_two_and_falls_back_when_the_newest_is_corrupt(tmp_path):
+def test_keeps_the_last_two_and_falls_back_when_the_newest_is_corrupt(tmp_path, caplog):
     model = _model()
     for s in (2, 4, 6):
         _, (m, opt, sched) = _save(tmp_path, s, model)
@@ -328,12 +328,18 @@ def test_keeps_the_last_two_and_falls_back_when_the_newest_is_corrupt(tmp_path):
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     newest.write_bytes(bytes(data))
-    assert latest_checkpoint(tmp_path).name == "step-00000004"
+    with caplog.at_level("WARNING", logger="compress.checkpoints"):
+        assert latest_checkpoint(tmp_path).name == "step-00000004"
+    assert [r.getMessage() for r in caplog.records] == [
+        "checkpoint step-00000006 does not match its SHA-256; resuming from step-00000004 instead"]
     assert load_checkpoint(tmp_path, m, opt, sched, [])["step"] == 4
     older = tmp_path / "step-00000004" / "state.pt"
     older.write_bytes(older.read_bytes()[:100])  # truncated
-    with pytest.raises(IntegrityError, match="every checkpoint .* is corrupt"):
-        latest_checkpoint(tmp_path)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="compress.checkpoints"):
+        with pytest.raises(IntegrityError, match="every checkpoint .* is corrupt"):
+            latest_checkpoint(tmp_path)
+    assert caplog.records == []  # the error's one line says it all: no warning before it
 
 
 def test_checkpoint_of_another_shape_or_hook_count_is_one_line_error(tmp_path):
