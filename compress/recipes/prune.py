@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from compress.api import make_pruner as api_make_pruner
 from compress.config import check_range, check_sparsity, option, to_dict
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
+    SpanDistillation,
     TeacherKDOptions,
     load_teacher,
     teacher_summary,
@@ -41,6 +43,7 @@ from compress.models import (
     load_tokenizer,
     resolve_model,
 )
+from compress.pruning.calibration import calibration_sample
 from compress.pruning.criteria import CRITERIA, get_criterion
 from compress.pruning.integrity import (
     MASKS_FILE,
@@ -566,7 +569,6 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
 def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict]) -> list[dict]:
     """The calibration set, batched: ``--calibration-samples`` training examples drawn with
     ``--seed`` (the dev split is never read here), or the lines of ``--calibration-data``."""
-    from compress.pruning.calibration import calibration_sample
     from compress.pruning.mlm import read_corpus
     from compress.training import make_collate
 
@@ -579,11 +581,43 @@ def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict]) -> list[
     return [collate(chosen[i:i + cfg.batch_size]) for i in range(0, len(chosen), cfg.batch_size)]
 
 
+def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], initial: dict, run: RunDir
+               ) -> tuple[dict | None, dict | None, dict | None]:
+    """The post-training prune itself: whole heads / FFN neurons with --structured, else the
+    calibrated criterion on ``targets``; returns (masks, calibration report, structured report) and
+    writes ``calibration.json``."""
+    from compress.pruning.calibration import prune_calibrated
+
+    if cfg.structured:
+        return None, None, run_structured(model, cfg, batches)
+    pattern = NMPattern.parse(cfg.pattern) if cfg.pattern else None
+    masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity, cfg.scope,
+                                          pattern, initial, seed=cfg.seed)
+    write_json(run.path / "calibration.json", calibration)
+    return masks, calibration, None
+
+
+def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
+    """The matrices to prune (none with --structured), checked against --pattern, and the masks of
+    an already pruned ``--model`` (kept pruned); before any run folder exists."""
+    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude)
+    if cfg.pattern is not None:
+        check_pattern_fits(NMPattern.parse(cfg.pattern), targets, cfg.criterion, cfg.scope, cfg.sparsity)
+    initial, model_dir = {}, Path(resolve_model(cfg.model))
+    if (model_dir / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
+        initial, _ = matching_masks(model, load_masks(model_dir / MASKS_FILE))
+    return targets, initial
+
+
+def post_training_meta(cfg: PruneConfig, masks: dict | None, structured: dict | None) -> dict:
+    return {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
+            **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}
+
+
 def prune_post_training(cfg: PruneConfig) -> Path:
     """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
     (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
     train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self)."""
-    from compress.pruning.calibration import prune_calibrated
     from compress.pruning.pruner import KeepMasksHook
 
     spec, data = load_task_data(cfg)
@@ -593,14 +627,7 @@ def prune_post_training(cfg: PruneConfig) -> Path:
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel, strict_labels=True)
     teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
                             else (None, None))
-    pattern = NMPattern.parse(cfg.pattern) if cfg.pattern else None
-    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude)
-    if pattern is not None:
-        check_pattern_fits(pattern, targets, cfg.criterion, cfg.scope, cfg.sparsity)
-    initial = {}
-    model_dir = resolve_model(cfg.model)
-    if (Path(model_dir) / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
-        initial, _ = matching_masks(model, load_masks(Path(model_dir) / MASKS_FILE))
+    targets, initial = post_training_targets(cfg, model)
     with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
@@ -616,13 +643,7 @@ def prune_post_training(cfg: PruneConfig) -> Path:
         t_prune = time.time()
         feats = encode(tokenizer, data["train"], cfg.max_length)
         batches = calibration_batches(cfg, tokenizer, feats)
-        masks, calibration, structured = None, None, None
-        if cfg.structured:
-            structured = run_structured(model, cfg, batches)
-        else:
-            masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity,
-                                                  cfg.scope, pattern, initial, seed=cfg.seed)
-            write_json(run.path / "calibration.json", calibration)
+        masks, calibration, structured = prune_once(cfg, model, targets, batches, initial, run)
         prune_seconds = round(time.time() - t_prune, 1)
         pruned = score()
         run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
@@ -640,14 +661,73 @@ def prune_post_training(cfg: PruneConfig) -> Path:
                    if teacher is not None and cfg.recovery_steps else None)
         meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
                 "max_length": cfg.max_length, "base_model": cfg.model,
-                "pruning": {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
-                            **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}}
+                "pruning": post_training_meta(cfg, masks, structured)}
         save_pruned(run, model, tokenizer, masks, meta, {
             "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
             "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": prune_seconds,
             "train_seconds": round(time.time() - t0, 1), "metric": spec.metric,
             "eval_dense": dense, "eval_pruned_before_recovery": pruned, "eval": metrics,
             "structured": structured, "distillation": distill,
+            "calibration": {k: v for k, v in (calibration or {}).items() if k != "matrices"} or None})
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    return run.path
+
+
+def prune_post_training_qa(cfg: PruneConfig) -> Path:
+    """squad: the post-training prune of a model fine-tuned on squad, calibrated on training
+    windows, scored by EM/F1 before and after; ``--recovery-steps`` train on the span loss (with
+    ``--teacher``, plus KD on the start/end logits) with the masks kept."""
+    from compress.pruning.pruner import KeepMasksHook
+    from compress.qa.features import collate_features, prepare_train_features
+    from compress.qa.objectives import make_objective
+    from compress.qa.options import effective_doc_stride
+    from compress.recipes.qa import QA_TASK, evaluate_qa, load_qa_data, load_qa_model, load_span_teacher
+
+    doc_stride = effective_doc_stride(cfg, cfg.max_length)
+    data = load_qa_data(cfg)
+    set_seed(cfg.seed)
+    model, tokenizer, _ = load_qa_model(cfg.model, require_finetuned=True)
+    teacher = load_span_teacher(cfg, tokenizer) if cfg.teacher else None
+    targets, initial = post_training_targets(cfg, model)
+    with RunDir("prune", name=_name(cfg, QA_TASK), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+
+        def score() -> dict:
+            return evaluate_qa(model, tokenizer, data["dev"], cfg.max_length, doc_stride, cfg.n_best,
+                               cfg.max_answer_length, cfg.eval_batch_size)[0]
+
+        dense = score()
+        run.log_metrics({"phase": "dense", "eval": dense})
+        t_prune = time.time()
+        feats = prepare_train_features(tokenizer, data["train"].examples, cfg.max_length, doc_stride)
+        chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
+        batches = [collate_features(tokenizer, chosen[i:i + cfg.batch_size])
+                   for i in range(0, len(chosen), cfg.batch_size)]
+        masks, calibration, structured = prune_once(cfg, model, targets, batches, initial, run)
+        prune_seconds = round(time.time() - t_prune, 1)
+        pruned = score()
+        run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
+        metrics, steps = pruned, 0
+        if cfg.recovery_steps:
+            objective = (SpanDistillation(teacher, cfg.lambda_for(False), cfg.temperature) if teacher
+                         else make_objective("plain", model, cfg))
+            hooks = [KeepMasksHook(model, masks, {})] if masks else []
+            steps = train(model, tokenizer, feats, replace(cfg, max_steps=cfg.recovery_steps), hooks,
+                          log=lambda r: run.log_metrics({"phase": "recovery", **r}),
+                          checkpoint_dir=run.checkpoint_dir, collate=partial(collate_features, tokenizer),
+                          loss_fn=objective.loss, extra_modules=[objective])["steps"]
+            metrics = score()
+            run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
+        meta = {"task": QA_TASK, "head": "question-answering", "max_length": cfg.max_length,
+                "doc_stride": doc_stride, "n_best": cfg.n_best, "max_answer_length": cfg.max_answer_length,
+                "base_model": cfg.model, "pruning": post_training_meta(cfg, masks, structured)}
+        save_pruned(run, model, tokenizer, masks, meta, {
+            "command": "prune", "stage": cfg.stage, "task": QA_TASK, "model": cfg.model,
+            "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": prune_seconds,
+            "train_seconds": round(time.time() - t0, 1), "metric": "f1", "eval_dense": dense,
+            "eval_pruned_before_recovery": pruned, "eval": metrics, "structured": structured,
             "calibration": {k: v for k, v in (calibration or {}).items() if k != "matrices"} or None})
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
@@ -660,6 +740,8 @@ STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetun
 def run_prune(cfg: PruneConfig) -> Path:
     """Run the configured stage; returns the finished run folder."""
     family = get_task(cfg.task).family
+    if cfg.stage == "post-training" and family == "qa":
+        return prune_post_training_qa(cfg)
     if cfg.stage != "pretrain" and family in OTHER_FAMILIES:
         return prune_finetune_workflow(cfg, family)
     return STAGES[cfg.stage](cfg)

@@ -163,3 +163,26 @@ def test_an_encoder_without_a_task_head_is_refused(tiny_encoder, tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "fine-tuned" in err[0], err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_squad_sparsegpt_one_shot_then_recovery_with_span_kd(tiny_bert, tmp_path):
+    from tests.conftest import write_tiny_squad
+
+    (tmp_path / "data").mkdir()
+    data = write_tiny_squad(tmp_path / "data", n_articles=3)
+    squad = ("--task", "squad", "--data-dir", str(data), "--split-by-article", "2/1", "--batch-size", "4",
+             "--max-length", "48")
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--model", str(tiny_bert), *squad, "--max-steps", "2", "--out", str(ft)]) == 0
+    out = tmp_path / "pt"
+    assert main(["prune", "--stage", "post-training", "--model", str(ft), *squad, "--criterion", "sparsegpt",
+                 "--sparsity", "0.5", "--calibration-samples", "8", "--recovery-steps", "2",
+                 "--teacher", "self", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "squad" and summary["recovery_steps"] == 2
+    assert {"f1", "exact_match"} <= set(summary["eval_pruned_before_recovery"])
+    assert summary["calibration"]["calibration_tokens"] > 0
+    for key, w in _layer_weights(out, "bert").items():
+        assert abs(float((w == 0).float().mean()) - 0.5) < 0.01, key
+    assert json.loads((out / "model" / "compress.json").read_text())["task"] == "squad"
+    assert main(["verify", str(out)]) == 0
