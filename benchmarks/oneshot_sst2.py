@@ -6,7 +6,9 @@ the finished rows).
     python benchmarks/oneshot_sst2.py --dense artifacts/dap/dense --task sst2 --data-dir ../shared/data \\
         --train-limit 20000 --runs-dir artifacts/dap/runs --out artifacts/benchmarks/oneshot_sst2.json
 
-Cells (``--cells``, comma-separated; default all, in this order):
+The encoder's matrices are pruned (``--exclude role:word_embeddings``; ``--with-embeddings`` adds the
+word embeddings, pruned by magnitude whatever the criterion). Cells (``--cells``, comma-separated;
+default all, in this order):
 - ``oneshot``: sparsegpt, wanda and magnitude at 50%, 60%, 70% and 2:4, no training after pruning;
 - ``recovery``: sparsegpt at 60%, 70%, 80% and 2:4, then ``--recovery-steps`` (250) steps
   distilling from the dense model (``--teacher self``);
@@ -54,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--calibration-samples", type=int, default=512)
     p.add_argument("--recovery-steps", type=int, default=250)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--with-embeddings", action="store_true",
+                   help="prune the word embeddings too (by magnitude); default: the encoder matrices only")
     p.add_argument("--cells", default="oneshot,recovery,structured")
     p.add_argument("--runs-dir", required=True)
     p.add_argument("--out", required=True)
@@ -74,6 +78,8 @@ def main(argv=None) -> int:
                    args.dense, "--task", args.task, "--data-dir", args.data_dir, "--train-limit",
                    str(args.train_limit), "--max-length", str(args.max_length), "--calibration-samples",
                    str(args.calibration_samples), "--seed", str(args.seed), *flags, "--out", str(run)]
+            if not args.with_embeddings and "--structured" not in flags:
+                cmd[-2:-2] = ["--exclude", "role:word_embeddings"]
             t0 = time.time()
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             row = {"name": name, "group": group, "cmd": " ".join(cmd[2:]), "rc": proc.returncode,

@@ -10,11 +10,12 @@ the columns not yet visited only, using the rows of the upper Cholesky factor of
 inverse serves every row of ``W`` although the rows prune different columns). The mask is chosen
 adaptively per block of ``blocksize`` columns by the OBS saliency ``w^2 / U_jj^2`` (``U`` the
 Cholesky factor) of the current, already updated weights; with an N:M pattern, per group of M
-columns. How many weights each block loses: the reference code prunes the same fraction of every
-block; here, by default, each block loses as many as it holds of the matrix's lowest-saliency
-weights before any update, so blocks of columns with large inputs keep more of their weights
-(on the unit tests' layers this lowered the output error in every case; ``block_split="uniform"``
-is the reference's rule).
+columns. Each block loses the same fraction of its weights, as in the reference code
+(``block_split="uniform"``). ``block_split="saliency"`` lets blocks differ, each losing as many as it
+holds of the matrix's lowest-saliency weights before any update: it lowered the layer output error on
+synthetic layers with a few large input features, but cost accuracy on a real model (SST-2 MiniLM,
+50%, encoder matrices: 85.44 against 86.01 with the uniform rule, dense 86.24), so it is not the
+default.
 
 ``H`` is damped by ``percdamp`` times its mean diagonal, as the reference code does; input features
 that never fire (zero diagonal) get a unit diagonal so the inverse exists.
@@ -53,7 +54,7 @@ def _block_counts(saliency: torch.Tensor, total: int, blocksize: int, split: str
 @torch.no_grad()
 def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, prune_count: int | None = None,
                     pattern: tuple[int, int] | None = None, forced: torch.Tensor | None = None,
-                    blocksize: int = 128, percdamp: float = 0.01, block_split: str = "saliency"
+                    blocksize: int = 128, percdamp: float = 0.01, block_split: str = "uniform"
                     ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Prune ``weight`` ``[out, in]`` given ``gram`` ``[in, in]``; returns ``(new weight, keep mask,
     estimated error)``.
