@@ -4,7 +4,7 @@ The public Python API (listed in ``__all__``; README "Python API") is imported l
 compress`` loads neither torch nor transformers until a name is used.
 
 - pruning: ``make_pruner``, ``prune_model``, ``prunable_targets``, ``save_model``,
-  ``verify_masks``, ``MagnitudePruner``, ``OneShotSchedule``, ``GradualSchedule``;
+  ``verify_masks``, ``ScheduledPruner``, ``OneShotSchedule``, ``GradualSchedule``;
 - ``transformers.Trainer``: ``PruningCallback``, ``DistillationTrainer``;
 - distillation: ``kd_loss``;
 - measurement and export: ``measure_model``, ``export_onnx``, ``sparsity_report``,
@@ -31,6 +31,7 @@ _PUBLIC: dict[str, str] = {
     "export_onnx": "compress.api",
     "PruningCallback": "compress.integrations.hf_trainer",
     "DistillationTrainer": "compress.integrations.hf_trainer",
+    "ScheduledPruner": "compress.pruning.pruner",
     "MagnitudePruner": "compress.pruning.pruner",
     "PrunerStateError": "compress.pruning.pruner",
     "OneShotSchedule": "compress.pruning.schedules",

@@ -36,7 +36,7 @@ from compress.pruning.schedules import DEFAULT_POWER  # pure Python: no torch at
 if TYPE_CHECKING:
     import torch
 
-    from compress.pruning.pruner import MagnitudePruner
+    from compress.pruning.pruner import ScheduledPruner
 
 # ----------------------------------------------------------------------------- pruning
 
@@ -72,8 +72,8 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
                 power: float = DEFAULT_POWER, criterion: str = "magnitude", scope: str = "local",
                 include: Sequence[str] = (), exclude: Sequence[str] = (), seed: int = 0,
                 initial_masks: dict[str, torch.Tensor] | None = None,
-                pattern: str | None = None) -> MagnitudePruner:
-    """A ``MagnitudePruner`` for ``model`` (not yet initialized): the pruner ``compress prune`` uses.
+                pattern: str | None = None) -> ScheduledPruner:
+    """A ``ScheduledPruner`` for ``model`` (not yet initialized): the pruner ``compress prune`` uses.
 
     ``schedule``: "gradual" (Zhu & Gupta cubic ramp from ``initial_sparsity`` at ``start_step`` to
     ``sparsity`` over ``prune_steps``, masks recomputed every ``prune_every`` steps; defaults: the
@@ -90,7 +90,7 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     """
     from compress.errors import UsageError
     from compress.pruning.masks import NMPattern
-    from compress.pruning.pruner import MagnitudePruner
+    from compress.pruning.pruner import ScheduledPruner
     from compress.pruning.schedules import SCHEDULES, make_schedule
 
     check.check_module("model", model)
@@ -110,7 +110,7 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     targets = prunable_targets(model, include, exclude)
     sched = make_schedule(schedule, sparsity, total_steps or 0, prune_steps, prune_every, start_step,
                           initial_sparsity, power)
-    return MagnitudePruner(targets, sched, criterion, scope, seed, initial_masks,
+    return ScheduledPruner(targets, sched, criterion, scope, seed, initial_masks,
                            pattern=NMPattern.parse(pattern) if pattern else None)
 
 

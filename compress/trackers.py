@@ -24,7 +24,7 @@ from typing import Any
 
 from compress.errors import UsageError
 from compress.hooks import TrainHook
-from compress.pruning.pruner import MagnitudePruner
+from compress.pruning.pruner import ScheduledPruner
 
 # --report-to name -> the package it needs (None: no tracker)
 REPORT_TO: dict[str, str | None] = {"none": None, "tensorboard": "tensorboard", "mlflow": "mlflow",
@@ -162,6 +162,6 @@ def start_tracking(run, report_to: str, config: dict[str, Any], command: str,
     out: list[TrainHook] = []
     for h in hooks:
         out.append(h)
-        if isinstance(getattr(h, "pruner", None), MagnitudePruner):
+        if isinstance(getattr(h, "pruner", None), ScheduledPruner):
             out.append(tracker.watch(h.pruner))
     return out

@@ -1,6 +1,6 @@
 """``transformers.Trainer`` integration: a pruning callback and a distillation trainer.
 
-``PruningCallback`` runs the same ``MagnitudePruner`` as ``compress prune`` inside your own
+``PruningCallback`` runs the same ``ScheduledPruner`` as ``compress prune`` inside your own
 ``Trainer``: it builds the schedule from the Trainer's step count at ``on_train_begin``, zeroes the
 gradients of pruned weights during ``backward`` (so they count in neither the clipped norm nor
 AdamW's moments), re-applies the masks after every optimizer step (weight decay would move them),

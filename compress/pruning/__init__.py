@@ -5,7 +5,7 @@ Unstructured magnitude pruning (Gordon, Duh & Andrews 2020), as pure pieces plus
 - ``schedules``: ``sparsity_at(step)`` for oneshot and Zhu & Gupta gradual (cubic) schedules;
 - ``masks``: ``mask_from_scores(scores, sparsity)``, local/global scopes, magnitude/random criteria;
 - ``targets``: which parameters (Q, K, V, attention output, FFN in/out, word embeddings by default);
-- ``pruner``: ``MagnitudePruner`` (initialize / step / apply_masks / finalize) and training hooks;
+- ``pruner``: ``ScheduledPruner`` (initialize / step / apply_masks / finalize) and training hooks;
 - ``integrity``: masked weights must stay zero (``check_masks``, ``verify_run``);
 - ``mlm``: continued masked-LM pre-training (corpus, 80/10/10 masking, held-out loss).
 

@@ -1,6 +1,6 @@
 """The stateful pruner and the training hooks that drive it.
 
-``MagnitudePruner`` owns the masks of a set of parameters and follows a strict lifecycle:
+``ScheduledPruner`` owns the masks of a set of parameters and follows a strict lifecycle:
 ``initialize()`` -> ``step(t)`` after each optimizer step (masks are recomputed on the schedule's
 pruning steps and re-applied on every step) -> ``finalize()``. Calling these out of order raises
 ``PrunerStateError``. Pre-training and fine-tuning use the same pruner with different configs.
@@ -64,8 +64,9 @@ def mask_grads(params: dict[str, torch.Tensor], pruned: dict[str, torch.Tensor])
             g.masked_fill_(_on_device(pruned, name, g.device), 0.0)
 
 
-class MagnitudePruner:
-    """Unstructured pruning of ``params`` (canonical name -> parameter) on ``schedule``.
+class ScheduledPruner:
+    """Unstructured pruning of ``params`` (canonical name -> parameter) on ``schedule``, by a
+    criterion that scores weights alone (magnitude or random; ``compress.pruning.criteria``).
 
     ``initial_masks`` (e.g. from an already pruned model) stay pruned: masks only ever shrink.
     With ``pattern`` (N:M semi-structured, ``NMPattern``) each matrix loses the N lowest of every
@@ -200,6 +201,10 @@ class MagnitudePruner:
         self.apply_masks()
 
 
+# The name it had while magnitude was its only criterion; kept so existing code keeps working.
+MagnitudePruner = ScheduledPruner
+
+
 def check_pattern_fits(pattern: NMPattern, params: dict[str, torch.Tensor], criterion: str = "magnitude",
                        scope: str = "local", sparsity: float | None = None) -> None:
     """UsageError in one line when an N:M pattern cannot prune ``params`` as asked: another criterion
@@ -244,9 +249,9 @@ class _MaskGuard:
 
 
 class PruningHook(TrainHook):
-    """Drives a ``MagnitudePruner`` from the training loop and checks ``module`` after each step."""
+    """Drives a ``ScheduledPruner`` from the training loop and checks ``module`` after each step."""
 
-    def __init__(self, pruner: MagnitudePruner, module: torch.nn.Module):
+    def __init__(self, pruner: ScheduledPruner, module: torch.nn.Module):
         self.pruner, self.module = pruner, module
         self.guard = _MaskGuard(module)
 

@@ -89,7 +89,7 @@ def load_task_data(cfg: TaskDataConfig, splits: tuple[str, ...] = ("train", "eva
     return spec, out
 
 
-def evaluate(model, tokenizer, spec: TaskSpec, ds: TextDataset, max_length: int,
+def evaluate_classifier(model, tokenizer, spec: TaskSpec, ds: TextDataset, max_length: int,
              batch_size: int = 128) -> dict[str, float]:
     """Metrics of a PyTorch ``model`` on ``ds`` (``compress.evaluation.evaluate``, as onnxruntime's
     are); the task's primary metric is also under ``'score'``."""
@@ -183,7 +183,8 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
         result = train(model, tokenizer, kd.pop("feats"), cfg, hooks, log=run.log_metrics,
                        checkpoint_dir=run.checkpoint_dir, resume=cfg.resume, **kd)
         train_s = time.time() - t0
-        metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        metrics = evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                      cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
         new_meta = {"task": spec.name, "label_names": list(labels),
                     "multilabel": multilabel, "max_length": cfg.max_length,
@@ -232,7 +233,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     with RunDir("eval", name=spec.name, out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(None)
-        metrics = evaluate(model, tokenizer, spec, ds, max_length, cfg.batch_size)
+        metrics = evaluate_classifier(model, tokenizer, spec, ds, max_length, cfg.batch_size)
         run.write_summary({"command": "eval", "task": spec.name, "model": cfg.model,
                            "metric": spec.metric, "eval": metrics})
     print(f"{spec.name}: {spec.metric} = {metrics['score']:.4f} on {metrics['n']} examples "

@@ -56,8 +56,8 @@ from compress.pruning.integrity import (
 )
 from compress.pruning.masks import SCOPES, NMPattern, get_scope
 from compress.pruning.pruner import (
-    MagnitudePruner,
     PruningHook,
+    ScheduledPruner,
     add_meta,
     check_pattern_fits,
     matching_masks,
@@ -65,7 +65,7 @@ from compress.pruning.pruner import (
 from compress.pruning.schedules import DEFAULT_POWER, SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
-from compress.recipes.finetune import TaskDataConfig, evaluate, load_task_data, run_finetune
+from compress.recipes.finetune import TaskDataConfig, evaluate_classifier, load_task_data, run_finetune
 from compress.recipes.saving import save_model
 from compress.runs import RunDir, write_json
 from compress.tasks import get_task
@@ -255,7 +255,7 @@ class _ScheduledPruningHook(PruningHook):
 
 
 def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_steps: int
-                ) -> tuple[MagnitudePruner, _ScheduledPruningHook]:
+                ) -> tuple[ScheduledPruner, _ScheduledPruningHook]:
     """Validate targets and schedule for ``module`` and build the pruner (before any run folder)."""
     targets = select_targets(module, cfg.include, cfg.exclude)
     factory = _schedule_factory(cfg)
@@ -292,7 +292,7 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict
     return prune_structured(module, cfg.sparsity, tuple(cfg.structured))
 
 
-def pruning_meta(cfg: PruneConfig, pruner: MagnitudePruner | None, structured: dict | None) -> dict:
+def pruning_meta(cfg: PruneConfig, pruner: ScheduledPruner | None, structured: dict | None) -> dict:
     meta = {"stage": cfg.stage, "sparsity": cfg.sparsity, "criterion": cfg.criterion,
             "scope": cfg.scope, "seed": cfg.seed,
             # structured pruning removes its units once, at the start of training or recovery
@@ -384,7 +384,8 @@ def prune_finetune(cfg: PruneConfig) -> Path:
         result = train(model, tokenizer, kd.pop("feats"), cfg, hooks, log=run.log_metrics,
                        checkpoint_dir=run.checkpoint_dir, resume=cfg.resume, **kd)
         masks = pruner.finalize() if pruner else None
-        metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        metrics = evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                      cfg.eval_batch_size)
         run.log_metrics({"step": result["steps"], "eval": metrics})
         distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
                    if teacher is not None else None)
@@ -430,8 +431,8 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
                       checkpoint_last=True)["steps"]
         if dense is None:
             dense = {"steps": steps,
-                     "eval": evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,
-                                      cfg.eval_batch_size)}
+                     "eval": evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                                 cfg.eval_batch_size)}
             run.finish_phase("dense", dense, [{"phase": "dense", "step": dense["steps"],
                                                "eval": dense["eval"]}])
         if cfg.teacher == TEACHER_SELF:  # the dense model, before any weight is pruned
@@ -449,8 +450,8 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
         if cfg.structured or oneshot_now:
             pruned = run.phase_results("pruned")
             if pruned is None:
-                pruned = {"eval": evaluate(model, tokenizer, spec, data["eval"], cfg.max_length,
-                                           cfg.eval_batch_size)}
+                pruned = {"eval": evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                                      cfg.eval_batch_size)}
                 run.finish_phase("pruned", pruned)
             before_recovery = pruned["eval"]
         # Phase 2, recovery with the masks (and the teacher's KD term, with --teacher).
@@ -460,7 +461,8 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
                     log=lambda r: run.log_metrics({"phase": "recovery", **r}),
                     checkpoint_dir=run.phase_checkpoint_dir("recovery"), resume=cfg.resume, **kd)
         masks = pruner.finalize() if pruner else None
-        metrics = evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+        metrics = evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                      cfg.eval_batch_size)
         run.log_metrics({"phase": "recovery", "step": rec["steps"], "eval": metrics})
         distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
                    if teacher is not None else None)
@@ -634,7 +636,8 @@ def prune_post_training(cfg: PruneConfig) -> Path:
         t0 = time.time()
 
         def score() -> dict:
-            return evaluate(model, tokenizer, spec, data["eval"], cfg.max_length, cfg.eval_batch_size)
+            return evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                       cfg.eval_batch_size)
 
         dense = score()
         run.log_metrics({"phase": "dense", "eval": dense})
@@ -756,7 +759,7 @@ class _FinalizeAndWrite(TrainHook):
     """Fixes the masks at the last step (before the workflow evaluates and saves the model), then
     writes them, the pruning metadata and ``sparsity.json`` into the run folder before it is renamed."""
 
-    def __init__(self, pruner: MagnitudePruner, cfg: PruneConfig):
+    def __init__(self, pruner: ScheduledPruner, cfg: PruneConfig):
         self.pruner, self.cfg, self.total, self.masks = pruner, cfg, None, None
 
     def on_train_begin(self, model, total_steps: int) -> None:

@@ -17,7 +17,8 @@ from tests.tiny_encoders import FFN, HIDDEN, build
 
 # Every public name, written out here (not read from compress.__all__): renaming one breaks users.
 PUBLIC = ("CompressError", "DataError", "DistillationTrainer", "GradualSchedule", "IntegrityError",
-          "MagnitudePruner", "ModelError", "OneShotSchedule", "ParityError", "PrunerStateError",
+          "MagnitudePruner", "ScheduledPruner", "ModelError", "OneShotSchedule", "ParityError",
+          "PrunerStateError",
           "PruningCallback", "TrainingDivergedError", "UsageError", "export_onnx",
           "format_sparsity_table", "kd_loss",
           "make_pruner", "measure_model", "prunable_targets", "prune_model", "save_model",
@@ -43,6 +44,10 @@ def _card(folder):
     assert text.startswith("---\n")
     header, body = text[4:].split("\n---\n", 1)
     return yaml.safe_load(header), body
+
+
+def test_the_pruner_s_former_name_is_the_same_class():
+    assert compress.MagnitudePruner is compress.ScheduledPruner
 
 
 def test_every_public_name_imports():

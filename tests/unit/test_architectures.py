@@ -11,7 +11,7 @@ from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassificatio
 from compress.architectures import encoder_layers, layout_for
 from compress.errors import ModelError, UsageError
 from compress.measure.sparsity import format_sparsity_table, sparsity_report
-from compress.pruning.pruner import MagnitudePruner
+from compress.pruning.pruner import ScheduledPruner
 from compress.pruning.schedules import OneShotSchedule
 from compress.pruning.targets import canonical_name, select_targets
 from tests.tiny_encoders import ARCHITECTURES, build
@@ -54,7 +54,7 @@ def test_default_targets_are_every_encoder_linear_and_the_word_embeddings(arch):
 @pytest.mark.parametrize("scope", ["local", "global"])
 def test_every_encoder_matrix_reaches_the_sparsity(arch, scope):
     model = _classifier(arch)
-    pruner = MagnitudePruner(select_targets(model), OneShotSchedule(0.4), scope=scope)
+    pruner = ScheduledPruner(select_targets(model), OneShotSchedule(0.4), scope=scope)
     pruner.initialize()  # a one-shot schedule prunes at step 0
     report = sparsity_report(model)
     assert abs(report["global"]["sparsity"] - 0.4) < 1e-3

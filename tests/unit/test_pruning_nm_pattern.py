@@ -8,7 +8,7 @@ import torch
 
 from compress.errors import UsageError
 from compress.pruning.masks import NMPattern, broken_groups, nm_mask
-from compress.pruning.pruner import MagnitudePruner
+from compress.pruning.pruner import ScheduledPruner
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule
 
 # two rows, two groups of 4 each; |w| group sums of the 2 lowest: 0.3, 1.3 | 2.0, 0.06
@@ -62,7 +62,7 @@ def test_gradual_pruner_ramps_the_group_count_nested_to_every_group():
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(8, 16))
     sched = GradualSchedule(final_sparsity=0.5, span_steps=4, every=1, power=1.0)
-    pruner = MagnitudePruner({"w": w}, sched, pattern=NMPattern(2, 4))
+    pruner = ScheduledPruner({"w": w}, sched, pattern=NMPattern(2, 4))
     pruner.initialize()
     previous = pruner.masks["w"].clone()
     for step in range(1, 5):
@@ -85,7 +85,7 @@ def test_oneshot_pattern_keeps_earlier_zeros_and_its_own():
     w = torch.nn.Parameter(torch.randn(4, 8))
     initial = torch.ones(4, 8, dtype=torch.bool)
     initial[0, 5] = False  # an earlier unstructured zero survives and counts in its group
-    pruner = MagnitudePruner({"w": w}, OneShotSchedule(0.5), pattern=NMPattern(2, 4),
+    pruner = ScheduledPruner({"w": w}, OneShotSchedule(0.5), pattern=NMPattern(2, 4),
                              initial_masks={"w": initial})
     pruner.initialize()
     masks = pruner.finalize()
@@ -110,14 +110,14 @@ def test_pruner_refuses_what_the_pattern_cannot_do():
     params = {"a.weight": torch.nn.Parameter(torch.randn(4, 8)),
               "b.weight": torch.nn.Parameter(torch.randn(4, 6))}
     with pytest.raises(UsageError, match=r"b.weight is \[4, 6\]; leave it out with --exclude"):
-        MagnitudePruner(params, OneShotSchedule(0.5), pattern=NMPattern(2, 4))
+        ScheduledPruner(params, OneShotSchedule(0.5), pattern=NMPattern(2, 4))
     ok = {"a.weight": params["a.weight"]}
     with pytest.raises(UsageError, match="drop --criterion 'random'"):
-        MagnitudePruner(ok, OneShotSchedule(0.5), criterion="random", pattern=NMPattern(2, 4))
+        ScheduledPruner(ok, OneShotSchedule(0.5), criterion="random", pattern=NMPattern(2, 4))
     with pytest.raises(UsageError, match="drop --scope 'global'"):
-        MagnitudePruner(ok, OneShotSchedule(0.5), scope="global", pattern=NMPattern(2, 4))
+        ScheduledPruner(ok, OneShotSchedule(0.5), scope="global", pattern=NMPattern(2, 4))
     with pytest.raises(UsageError, match="sparsity 0.5 by definition, not 0.6"):
-        MagnitudePruner(ok, OneShotSchedule(0.6), pattern=NMPattern(2, 4))
+        ScheduledPruner(ok, OneShotSchedule(0.6), pattern=NMPattern(2, 4))
 
 
 def test_nm_mask_refuses_a_matrix_that_does_not_split_into_groups():

@@ -11,9 +11,9 @@ from compress.pruning.integrity import check_masks, load_masks, save_masks
 from compress.pruning.pruner import (
     InformationDeletionHook,
     KeepMasksHook,
-    MagnitudePruner,
     PrunerStateError,
     PruningHook,
+    ScheduledPruner,
     apply_masks,
 )
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule
@@ -35,7 +35,7 @@ def _sparsities(pruner):
 
 def test_lifecycle_order_is_enforced():
     m = _model()
-    p = MagnitudePruner(select_targets(m), OneShotSchedule(0.4))
+    p = ScheduledPruner(select_targets(m), OneShotSchedule(0.4))
     with pytest.raises(PrunerStateError, match="before initialize"):
         p.apply_masks()
     with pytest.raises(PrunerStateError, match="step"):
@@ -55,7 +55,7 @@ def test_lifecycle_order_is_enforced():
 
 def test_local_scope_every_matrix_within_half_a_point():
     m = _model()
-    p = MagnitudePruner(select_targets(m), OneShotSchedule(0.4))
+    p = ScheduledPruner(select_targets(m), OneShotSchedule(0.4))
     p.initialize()
     masks = p.finalize()
     for name, s in _sparsities(p).items():
@@ -70,7 +70,7 @@ def test_global_scope_hits_target_overall_while_matrices_differ():
     m = _model()
     with torch.no_grad():  # trained matrices differ in scale; a random init does not
         m.bert.encoder.layer[1].intermediate.dense.weight.mul_(3.0)
-    p = MagnitudePruner(select_targets(m), OneShotSchedule(0.4), scope="global")
+    p = ScheduledPruner(select_targets(m), OneShotSchedule(0.4), scope="global")
     p.initialize()
     p.finalize()
     total = sum(x.numel() for x in p.masks.values())
@@ -82,8 +82,8 @@ def test_global_scope_hits_target_overall_while_matrices_differ():
 
 
 def test_random_criterion_same_sparsity_different_mask():
-    mag = MagnitudePruner(select_targets(_model()), OneShotSchedule(0.4))
-    rnd = MagnitudePruner(select_targets(_model()), OneShotSchedule(0.4), criterion="random", seed=3)
+    mag = ScheduledPruner(select_targets(_model()), OneShotSchedule(0.4))
+    rnd = ScheduledPruner(select_targets(_model()), OneShotSchedule(0.4), criterion="random", seed=3)
     for p in (mag, rnd):
         p.initialize()
         p.finalize()
@@ -95,7 +95,7 @@ def test_random_criterion_same_sparsity_different_mask():
 def test_gradual_masks_are_nested_and_follow_the_schedule():
     m = _model()
     sched = GradualSchedule(0.5, span_steps=6, every=2)
-    p = MagnitudePruner(select_targets(m), sched)
+    p = ScheduledPruner(select_targets(m), sched)
     p.initialize()
     prev = {n: x.clone() for n, x in p.masks.items()}
     for step in range(1, 9):
@@ -113,7 +113,7 @@ def test_gradual_masks_are_nested_and_follow_the_schedule():
 
 def test_finalize_reaches_target_when_training_stops_early():
     m = _model()
-    p = MagnitudePruner(select_targets(m), GradualSchedule(0.4, span_steps=100, every=10))
+    p = ScheduledPruner(select_targets(m), GradualSchedule(0.4, span_steps=100, every=10))
     p.initialize()
     p.step(1)
     p.finalize()
@@ -128,7 +128,7 @@ def test_initial_masks_stay_pruned():
     init[name][0, :] = False  # a row the magnitude criterion would not pick on its own
     with torch.no_grad():
         targets[name][0, :] = 10.0
-    p = MagnitudePruner(targets, OneShotSchedule(0.2), initial_masks=init)
+    p = ScheduledPruner(targets, OneShotSchedule(0.2), initial_masks=init)
     p.initialize()
     assert not p.masks[name][0].any()
     assert (targets[name][0] == 0).all()
@@ -136,7 +136,7 @@ def test_initial_masks_stay_pruned():
 
 def test_check_masks_names_tensor_and_count():
     m = _model()
-    p = MagnitudePruner(select_targets(m), OneShotSchedule(0.4))
+    p = ScheduledPruner(select_targets(m), OneShotSchedule(0.4))
     p.initialize()
     check_masks(m, p.masks)  # clean
     name = "encoder.layer.1.intermediate.dense.weight"
@@ -153,7 +153,7 @@ def test_check_masks_names_tensor_and_count():
 def test_hook_check_catches_a_replaced_parameter():
     # masks applied to a stale tensor leave the live module regrown: the per-step check sees it
     m = _model()
-    p = MagnitudePruner(select_targets(m), OneShotSchedule(0.4))
+    p = ScheduledPruner(select_targets(m), OneShotSchedule(0.4))
     hook = PruningHook(p, m)
     hook.on_train_begin(m, 10)
     q = m.bert.encoder.layer[0].attention.self.query
@@ -174,7 +174,7 @@ def _train_with(hooks_for, tiny_bert, steps=12):
     from compress.models import load_classifier
 
     model, tok, _ = load_classifier(str(tiny_bert), ("negative", "positive"))
-    p = MagnitudePruner(select_targets(model), OneShotSchedule(0.5))
+    p = ScheduledPruner(select_targets(model), OneShotSchedule(0.5))
     p.initialize()
     masks = p.finalize()
     before = {n: w.detach().clone() for n, w in p.params.items()}
@@ -240,7 +240,7 @@ def test_pruned_weights_get_no_gradient_before_clipping(tiny_bert):
     pruned_nonzero, kept_nonzero = seen[0::2], seen[1::2]
     assert pruned_nonzero == [0, 0, 0] and all(k > 1000 for k in kept_nonzero)
 
-    p = MagnitudePruner({"w": torch.nn.Parameter(torch.tensor([[1.0, -3.0], [0.5, 2.0]]))},
+    p = ScheduledPruner({"w": torch.nn.Parameter(torch.tensor([[1.0, -3.0], [0.5, 2.0]]))},
                         OneShotSchedule(0.5))
     with pytest.raises(PrunerStateError):
         p.mask_grads()
