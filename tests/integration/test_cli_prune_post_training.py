@@ -6,14 +6,12 @@ bad input ends in one line with nothing written."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from compress.cli.main import main
-from tests.integration.test_cli_prune_any_encoder import LAYER_KEYS
+from tests.integration.test_cli_prune_any_encoder import _layer_weights
 from tests.tiny_encoders import ARCHITECTURES
 
 FAST = ("--batch-size", "8", "--max-length", "32")
@@ -33,12 +31,6 @@ def finetuned(tiny_encoder, tmp_path_factory):
         return built[arch]
 
     return make
-
-
-def _layer_weights(run, arch: str) -> dict[str, torch.Tensor]:
-    weights = load_file(str(run / "model" / "model.safetensors"))
-    return {k: w for k, w in weights.items() if re.match(LAYER_KEYS[arch], k) and w.ndim == 2
-            and "norm" not in k.lower()}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
