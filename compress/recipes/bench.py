@@ -44,7 +44,7 @@ RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-
 DEFAULT_RUNTIMES = ("torch", "ort")
 TORCH_PEERS = ("torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch-sparse")
 # logits, absolute, against PyTorch eager fp32 on the same inputs: half precision as the ONNX
-# half-precision exports (compress.export.onnx), int8 as the int8 export; torch.compile reorders and
+# half-precision exports (compress.export.precision), int8 as the int8 export; torch.compile reorders and
 # fuses float32 arithmetic only.
 PEER_ATOL = {"torch-fp16": 0.05, "torch-bf16": 0.4, "torch-compile": 1e-3, "torch-int8": 1.0,
              "torch-sparse": 0.05}
@@ -140,7 +140,7 @@ def bench_provider(cfg, entries) -> str:
     """``--provider`` resolved against onnxruntime; ``cuda`` for a bench of PyTorch runtimes only
     (no ``ort`` runtime, no .onnx file) also works with an onnxruntime that lacks the CUDA provider
     (e.g. the CPU wheel) when PyTorch sees a CUDA device: the PyTorch rows then run on the GPU."""
-    from compress.export.onnx import is_onnx_file
+    from compress.export.loading import is_onnx_file
     from compress.export.ort import PROVIDER_ALIASES, resolve_provider
 
     torch_only = "ort" not in cfg.runtimes and not any(is_onnx_file(path) for _, path in entries)
@@ -152,7 +152,8 @@ def bench_provider(cfg, entries) -> str:
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Time every model/runtime on the grid; write ``bench.json`` in a run folder; return the results."""
-    from compress.export.onnx import check_parity, export_onnx, is_onnx_file, load_torch_model
+    from compress.export.loading import is_onnx_file, load_torch_model
+    from compress.export.onnx import check_parity, export_onnx
     from compress.export.ort import OrtModel
     from compress.measure.flops import count_flops
     from compress.measure.latency import matmul_peak_gflops, measure_interleaved
@@ -297,7 +298,7 @@ def torch_peer(loaded, runtime: str, device: str):
     happens on the first call of each shape). torch-int8 is ``torch.ao.quantization.quantize_dynamic``
     of every ``nn.Linear`` on a copy (int8 weights, activations quantized per call; CPU kernels only).
     """
-    from compress.export.onnx import LoadedModel
+    from compress.export.loading import LoadedModel
 
     check_choice("runtime", runtime, TORCH_PEERS)
     model = loaded.model
@@ -369,7 +370,8 @@ def check_peer_parity(loaded, peer, runtime: str, device: str, batch: int = 2, l
     """Logits of ``peer`` against eager fp32 on one padded batch; ParityError beyond ``PEER_ATOL``.
     For torch-compile the call compiles, and ``compile_s`` (that first call) is returned too."""
     from compress.errors import ParityError
-    from compress.export.onnx import example_inputs, torch_logits
+    from compress.export.inputs import example_inputs
+    from compress.export.loading import torch_logits
 
     feeds = {k: v.to(device) for k, v in example_inputs(loaded, batch, length).items()}
     want = torch_logits(loaded, feeds).float()
@@ -423,7 +425,7 @@ def _load_average() -> float | None:
 
 def _validate_model_path(path: str) -> None:
     from compress.errors import ModelError
-    from compress.export.onnx import is_onnx_file
+    from compress.export.loading import is_onnx_file
     from compress.models import resolve_model
 
     p = Path(path)
@@ -479,7 +481,7 @@ def _encoder_sparsity(model: torch.nn.Module) -> float:
 
 
 def _torch_callable(loaded):
-    from compress.export.onnx import torch_logits
+    from compress.export.loading import torch_logits
 
     def call(**feeds):
         return torch_logits(loaded, feeds)

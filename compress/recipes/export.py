@@ -1,6 +1,7 @@
 """``compress export``: a model to ONNX with parity checks, optionally fused, in half precision
-or int8, and scored on a task's dev set with onnxruntime. The blocks are in
-``compress.export.onnx``; this recipe chains them and writes the file and its report atomically."""
+or int8, and scored on a task's dev set with onnxruntime. The blocks are in ``compress.export``
+(loading, inputs, onnx, optimize, precision, quantize); this recipe chains them and writes the
+file and its report atomically."""
 
 from __future__ import annotations
 
@@ -15,28 +16,18 @@ import numpy as np
 
 from compress.config import check_choice, check_range, option, to_dict
 from compress.errors import ModelError, UsageError
-from compress.export.onnx import (
-    DEFAULT_SHAPES,
-    FP32_ATOL,
-    INT8_ATOL,
-    PRECISION_CHOICES,
-    QUANTIZE_CHOICES,
-    LoadedModel,
+from compress.export.inputs import DEFAULT_SHAPES, parse_shapes
+from compress.export.loading import LoadedModel, load_torch_model
+from compress.export.onnx import FP32_ATOL, check_parity, export_onnx, onnx_checker
+from compress.export.optimize import (
     attention_executions,
     attention_shape,
-    check_parity,
-    convert_to_half,
-    export_onnx,
     fusion_summary,
-    half_parity,
-    half_session_error,
-    load_torch_model,
-    onnx_checker,
     optimize_onnx,
     optimizer_model_type,
-    parse_shapes,
-    quantize_int8,
 )
+from compress.export.precision import PRECISION_CHOICES, convert_to_half, half_parity, half_session_error
+from compress.export.quantize import INT8_ATOL, QUANTIZE_CHOICES, quantize_int8
 from compress.tasks import task_choices
 
 
