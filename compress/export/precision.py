@@ -1,4 +1,5 @@
-"""Half precision: the fp16/bf16 conversion of an exported graph and its parity check.
+"""The precisions an export is written in (``PRECISIONS``: fp32, fp16, bf16, int8) and the
+half-precision conversion with its parity check.
 
 ``--precision fp16|bf16`` writes a half-precision graph with float32 inputs and outputs (Cast nodes
 at the boundary): the exported graph is optimized first where a fusion applies (fused Attention is
@@ -6,12 +7,20 @@ what the GPU's half-precision kernels run fastest), then converted (``convert_to
 check has its own tolerance (``FP16_ATOL``, ``BF16_ATOL``). A provider that cannot run the graph at
 all (onnxruntime's CPU provider has no bfloat16 kernels) is said in one line; the file is still
 written, checked by ``onnx.checker``. ``--quantize int8`` is in ``compress.export.quantize``.
+
+Adding a precision is one ``PRECISIONS`` entry (its conversion, tolerance, parity check, bench row
+name) plus its test; the export options' choices, the export recipe and ``compress bench`` read
+the table.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +30,8 @@ from compress.config import check_choice
 from compress.errors import ModelError
 from compress.export.inputs import DEFAULT_SHAPES
 from compress.export.loading import LoadedModel
-from compress.export.onnx import check_parity
+from compress.export.onnx import FP32_ATOL, check_parity, onnx_checker
+from compress.export.quantize import INT8_ATOL, quantize_int8
 
 # logits, absolute. Half precision rounds every activation: float16 keeps 11 significant bits,
 # bfloat16 8, so bfloat16's tolerance is about 8x float16's. Both catch a broken graph (a wrong Cast,
@@ -29,7 +39,6 @@ from compress.export.onnx import check_parity
 FP16_ATOL = 0.05
 BF16_ATOL = 0.4
 HALF_ATOL = {"fp16": FP16_ATOL, "bf16": BF16_ATOL}
-PRECISION_CHOICES = ("fp32", "fp16", "bf16")
 # Kept in float32 (Cast nodes around them) in a bfloat16 graph, besides float16.py's default block
 # list: onnxruntime's CUDA provider registers EmbedLayerNormalization for float and float16 only
 # (contrib_ops/cuda/cuda_contrib_kernels.cc), while MatMul, Gemm, Attention, LayerNormalization,
@@ -179,3 +188,70 @@ def half_parity(loaded: LoadedModel, onnx_path: str | Path, precision: str, shap
     out["provider"] = provider
     return out
 
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One number format an ONNX export is written in, and what export, bench and measure need to
+    know about it.
+
+    ``convert(src, dst, per_channel=False) -> summary`` writes ``dst`` from the float32 graph
+    ``src`` (``per_channel`` is int8's option; the export config rejects it elsewhere); fp32's is a
+    copy, since the export itself is float32. ``check(loaded, path, shapes, atol, provider)`` is
+    its parity check against PyTorch fp32, ``atol`` its default tolerance (logits, absolute).
+    """
+
+    name: str
+    option: str                       # the export option that selects it: "precision" or "quantize"
+    convert: Callable[..., dict[str, Any]]
+    atol: float
+    check: Callable[..., dict[str, Any]]
+    runtime: str                      # compress bench's row name for an ONNX file in this precision
+    cpu_runs: bool                    # onnxruntime's CPU provider can run the graph
+    fuse_first: bool = False          # optimized before the conversion, even without --optimize
+    summary_key: str | None = None    # the export report's key for the conversion's summary
+    weight_type: str | None = None    # onnx TensorProto type of the weight matrices that mark a file
+    tolerance_note: str | None = None  # the export report's ``<name>_tolerance_note``, "{atol:g}" filled
+
+
+def _copy_fp32(src: str | Path, dst: str | Path, per_channel: bool = False) -> dict[str, Any]:
+    shutil.copyfile(src, dst)
+    return {}
+
+
+def _convert_half(src: str | Path, dst: str | Path, per_channel: bool = False, *, precision: str
+                  ) -> dict[str, Any]:
+    return convert_to_half(src, dst, precision)
+
+
+def _quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -> dict[str, Any]:
+    quantize_int8(src, dst, per_channel=per_channel)
+    return {}
+
+
+def _check_half(loaded: LoadedModel, path: str | Path, shapes, atol: float, provider: str, *,
+                precision: str) -> dict[str, Any]:
+    onnx_checker(path)
+    return half_parity(loaded, path, precision, shapes, atol, provider)
+
+
+def _half(name: str, weight_type: str, cpu_runs: bool) -> Precision:
+    return Precision(name, "precision", partial(_convert_half, precision=name), HALF_ATOL[name],
+                     partial(_check_half, precision=name), f"ort-{name}", cpu_runs, fuse_first=True,
+                     summary_key="half", weight_type=weight_type)
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision("fp32", "precision", _copy_fp32, FP32_ATOL, partial(check_parity, label="fp32"),
+                      "ort", cpu_runs=True),
+    "fp16": _half("fp16", "FLOAT16", cpu_runs=True),
+    "bf16": _half("bf16", "BFLOAT16", cpu_runs=False),  # onnxruntime's CPU provider: no bfloat16 MatMul
+    "int8": Precision("int8", "quantize", _quantize_int8, INT8_ATOL, partial(check_parity, label="int8"),
+                      "ort", cpu_runs=True,  # int8 files' bench rows stay "ort"
+                      tolerance_note="int8 parity uses an absolute tolerance of {atol:g} on logits "
+                                     "(dynamic quantization rounds activations)"),
+}
+PRECISION_CHOICES = tuple(n for n, p in PRECISIONS.items() if p.option == "precision")
+QUANTIZE_CHOICES = tuple(n for n, p in PRECISIONS.items() if p.option == "quantize")

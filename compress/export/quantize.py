@@ -12,7 +12,6 @@ from pathlib import Path
 # MiniLM differs by up to 0.42 on random-token inputs (dev accuracy 86.6% fp32 -> 85.8% int8), so the
 # int8 check catches a broken graph, and the dev-set accuracy (--task) measures the quality cost.
 INT8_ATOL = 1.0
-QUANTIZE_CHOICES = ("int8",)
 
 
 def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -> Path:

@@ -38,6 +38,7 @@ import torch
 
 from compress.config import check_choice, check_range, option, to_dict
 from compress.errors import UsageError
+from compress.export.precision import PRECISIONS
 from compress.measure.latency import _sync
 
 RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch-sparse")
@@ -46,8 +47,9 @@ TORCH_PEERS = ("torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch
 # logits, absolute, against PyTorch eager fp32 on the same inputs: half precision as the ONNX
 # half-precision exports (compress.export.precision), int8 as the int8 export; torch.compile reorders and
 # fuses float32 arithmetic only.
-PEER_ATOL = {"torch-fp16": 0.05, "torch-bf16": 0.4, "torch-compile": 1e-3, "torch-int8": 1.0,
-             "torch-sparse": 0.05}
+PEER_ATOL = {"torch-fp16": PRECISIONS["fp16"].atol, "torch-bf16": PRECISIONS["bf16"].atol,
+             "torch-compile": 1e-3, "torch-int8": PRECISIONS["int8"].atol,
+             "torch-sparse": PRECISIONS["fp16"].atol}
 # torch.sparse.to_sparse_semi_structured (CUTLASS/cuSPARSELt 2:4 kernels): NVIDIA Ampere and later
 SEMI_STRUCTURED_CAPABILITY = (8, 0)
 
@@ -212,7 +214,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                                   structured=structured, int8=int8,
                                                   distilled=exported_kind(path) == "student",
                                                   runtime=runtime_name, vnni=vnni, avx2=avx2))
-                runtime = "ort" + {"fp32": ""}.get(precision := onnx_precision(path), f"-{precision}")
+                runtime = PRECISIONS[onnx_precision(path)].runtime
                 targets.append((label, runtime, sess, sess.input_names, _onnx_vocab(path), src))
             else:
                 loaded = load_torch_model(path, attn_implementation=None)
@@ -401,16 +403,16 @@ def _first_call_s(fn, device: str) -> float:
 
 
 def onnx_precision(path: str) -> str:
-    """fp16/bf16 when the file's weight matrices are float16/bfloat16 (``compress export
-    --precision``), else fp32 (int8 files included: their rows stay ``ort``)."""
+    """The ``PRECISIONS`` entry whose weight type the file's weight matrices have (fp16/bf16 from
+    ``compress export --precision``), else fp32 (int8 files included: their rows stay ``ort``)."""
     import onnx
     from onnx import TensorProto
 
     model = onnx.load(str(path), load_external_data=False)
     types = {i.data_type for i in model.graph.initializer if len(i.dims) >= 2}
-    for precision, kind in (("fp16", TensorProto.FLOAT16), ("bf16", TensorProto.BFLOAT16)):
-        if kind in types:
-            return precision
+    for name, precision in PRECISIONS.items():
+        if precision.weight_type is not None and getattr(TensorProto, precision.weight_type) in types:
+            return name
     return "fp32"
 
 
