@@ -330,7 +330,9 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     For ``--optimize``/``--quantize int8`` export a saved folder with ``compress export``.
     """
     from compress.errors import UsageError
-    from compress.export.onnx import DEFAULT_SHAPES, as_loaded, check_parity
+    from compress.export.inputs import DEFAULT_SHAPES
+    from compress.export.loading import as_loaded
+    from compress.export.onnx import check_parity
     from compress.export.onnx import export_onnx as export_loaded
     from compress.export.ort import resolve_provider
 

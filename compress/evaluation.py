@@ -1,5 +1,5 @@
 """One evaluation for every runtime: a task's metrics from a function that maps a padded batch to
-logits. PyTorch models (``torch_logits_fn``) and onnxruntime sessions (``compress.export.onnx``)
+logits. PyTorch models (``torch_logits_fn``) and onnxruntime sessions (``compress.export.ort``)
 are scored by the same code, with the same tokenisation, batching and metric."""
 
 from __future__ import annotations

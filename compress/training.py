@@ -268,6 +268,109 @@ def _kd_values(loss_fn) -> dict:
     return values if None not in values.values() else {}
 
 
+def _check_one_loss_owner(hooks, loss_fn) -> None:
+    """A ``loss_fn`` and a hook that replaces the loss would both own it: a programming error."""
+    if loss_fn is None:
+        return
+    base = TrainHook.compute_loss
+    replacing = [type(h).__name__ for h in hooks if getattr(type(h), "compute_loss", base) is not base]
+    if replacing:
+        raise ValueError(f"hook(s) {', '.join(replacing)} replace the loss, which loss_fn computes "
+                         "in this run; pass one or the other")
+
+
+def _extra_parameters(extra_modules: list[torch.nn.Module], world: int, device) -> list:
+    """The trainable parameters of the modules trained beside the model, moved to ``device``;
+    refused on more than one process (they are not wrapped for DDP)."""
+    extra_params = [p for m in extra_modules for p in trainable_parameters(m)]
+    if extra_params and world > 1:
+        names = ", ".join(type(m).__name__ for m in extra_modules)
+        raise UsageError(f"the layers of {names} are trained beside the model and are not averaged "
+                         f"across the {world} processes; run on one process")
+    for m in extra_modules:
+        m.to(device)
+    return extra_params
+
+
+def _loop_start(checkpoint_dir: Path | None, raw, optimizer, scheduler, hooks, extra_modules
+                ) -> tuple[int, float, dict, int | None]:
+    """(step, running loss sum, running extras, resumed_from) to start the loop from: those of the
+    newest valid checkpoint in ``checkpoint_dir`` (loaded into the model, optimizer, scheduler,
+    hooks and extra modules), else a fresh start."""
+    ckpt = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+    if ckpt is None:
+        return 0, 0.0, {}, None
+    loop = load_checkpoint(ckpt, raw, optimizer, scheduler, hooks, extra_modules)
+    return loop["step"], loop["running"], dict(loop.get("running_extra", {})), loop["step"]
+
+
+def _batch_loss(model, batch: dict, hooks, loss_fn) -> tuple[torch.Tensor, dict]:
+    """(loss, the loss plug-in's extras): ``loss_fn``'s, else the first hook that computes one,
+    else the model's own ``outputs.loss``."""
+    if loss_fn is not None:
+        return loss_fn(model, batch)
+    outputs = model(**batch)
+    loss = None
+    for h in hooks:
+        loss = h.compute_loss(model, batch, outputs) if loss is None else loss
+    return (outputs.loss if loss is None else loss), {}
+
+
+def _stop_if_not_finite(last: float, step: int, cause: str, accelerator, bar) -> None:
+    """Raise (``check_finite_loss``) when this step's loss is not finite here or on another rank."""
+    elsewhere = False
+    if accelerator.num_processes > 1:  # all ranks stop together, or the others wait in the next all-reduce
+        flag = torch.tensor(float(not math.isfinite(last)), device=accelerator.device)
+        elsewhere = bool(accelerator.reduce(flag, "sum") > 0)
+    if elsewhere or not math.isfinite(last):
+        bar.close()
+        check_finite_loss(last, step + 1, cause, elsewhere)
+
+
+def _prepared(model, extra_params: list, cfg: TrainConfig, total: int, accelerator):
+    """(model as prepared by accelerate, the unwrapped model, AdamW over the model's groups then
+    the extra parameters', the linear warm-up/decay schedule over ``total`` steps)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(param_groups(model, cfg) + _decay_groups(extra_params, cfg), lr=cfg.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return model, accelerator.unwrap_model(model), optimizer, scheduler
+
+
+def _checkpoint_due(cfg: TrainConfig, step: int, total: int, checkpoint_last: bool) -> bool:
+    """Every ``cfg.checkpoint_every`` steps but the last (the caller saves the finished model);
+    the last one only with ``checkpoint_last``."""
+    return bool((cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
+                or (checkpoint_last and step == total))
+
+
+def _optimizer_step(loss, model, extra_params: list, optimizer, scheduler, accelerator, hooks, hooked,
+                    max_grad_norm: float) -> None:
+    """Backward (hooks see the gradients), clip the model's and the extra modules' gradients
+    together, step the optimizer and the schedule."""
+    accelerator.backward(loss)
+    for h in hooks:
+        h.on_after_backward(hooked)
+    if max_grad_norm:
+        clipped = [*model.parameters(), *extra_params] if extra_params else model.parameters()
+        accelerator.clip_grad_norm_(clipped, max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _log_window(step: int, running: float, running_extra: dict, log_every: int, scheduler, accelerator,
+                log: Callable[[dict], None] | None) -> None:
+    """Log the window's mean loss (over all ranks) and the extras' window means, which add up to it."""
+    mean = running / log_every
+    if accelerator.num_processes > 1:  # every rank reaches this step together: the collective is safe
+        mean = float(accelerator.reduce(torch.tensor(mean, device=accelerator.device), "mean"))
+    if log:
+        log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0],
+             **{k: v / log_every for k, v in running_extra.items()}})
+
+
 def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[TrainHook] = (),
           log: Callable[[dict], None] | None = None, checkpoint_dir: Path | None = None,
           resume: bool = False, checkpoint_last: bool = False, *,
@@ -302,16 +405,10 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
       Hugging Face encoder inside a wrapper, which is what pruning masks apply to.
     """
     from accelerate import Accelerator
-    from transformers import get_linear_schedule_with_warmup
 
     if not feats:
         raise DataError("no training examples to train on")
-    if loss_fn is not None:
-        base = TrainHook.compute_loss
-        replacing = [type(h).__name__ for h in hooks if getattr(type(h), "compute_loss", base) is not base]
-        if replacing:  # a programming error: two owners of the loss
-            raise ValueError(f"hook(s) {', '.join(replacing)} replace the loss, which loss_fn computes "
-                             "in this run; pass one or the other")
+    _check_one_loss_owner(hooks, loss_fn)
     set_seed(cfg.seed)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     collate = collate or make_collate(tokenizer)
@@ -319,30 +416,16 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
     per_epoch = steps_per_epoch(len(feats), cfg.batch_size, world)
     total = cfg.max_steps or max(1, math.ceil(per_epoch * cfg.epochs))
     extra_modules = list(extra_modules)
-    extra_params = [p for m in extra_modules for p in trainable_parameters(m)]
-    if extra_params and world > 1:
-        names = ", ".join(type(m).__name__ for m in extra_modules)
-        raise UsageError(f"the layers of {names} are trained beside the model and are not averaged "
-                         f"across the {world} processes; run on one process")
-    for m in extra_modules:
-        m.to(accelerator.device)
+    extra_params = _extra_parameters(extra_modules, world, accelerator.device)
 
-    optimizer = torch.optim.AdamW(param_groups(model, cfg) + _decay_groups(extra_params, cfg), lr=cfg.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total), total)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    raw = accelerator.unwrap_model(model)
+    model, raw, optimizer, scheduler = _prepared(model, extra_params, cfg, total, accelerator)
     hooked = hook_module(raw) if hook_module else raw
     for h in hooks:
         h.on_train_begin(hooked, total)
 
     # running sums of the loss and of the loss plug-in's extras over the current log window
-    step, running, running_extra, resumed_from = 0, 0.0, {}, None
-    if resume and checkpoint_dir is not None:
-        ckpt = latest_checkpoint(checkpoint_dir)
-        if ckpt is not None:
-            loop = load_checkpoint(ckpt, raw, optimizer, scheduler, hooks, extra_modules)
-            step, running, resumed_from = loop["step"], loop["running"], loop["step"]
-            running_extra = dict(loop.get("running_extra", {}))
+    step, running, running_extra, resumed_from = _loop_start(
+        checkpoint_dir if resume else None, raw, optimizer, scheduler, hooks, extra_modules)
 
     model.train()
     for m in extra_modules:
@@ -359,33 +442,12 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
             if step >= total:
                 break
             batch = {k: v.to(accelerator.device) for k, v in collate([feats[i] for i in idx]).items()}
-            extra: dict = {}
-            if loss_fn is not None:
-                loss, extra = loss_fn(model, batch)
-            else:
-                outputs = model(**batch)
-                loss = None
-                for h in hooks:
-                    loss = h.compute_loss(model, batch, outputs) if loss is None else loss
-                loss = outputs.loss if loss is None else loss
+            loss, extra = _batch_loss(model, batch, hooks, loss_fn)
             # before backward: a non-finite loss would turn the gradients, then the weights, to NaN
             last = float(loss.detach())
-            elsewhere = False
-            if world > 1:  # every rank stops together, or the others wait in the next all-reduce
-                flag = torch.tensor(float(not math.isfinite(last)), device=accelerator.device)
-                elsewhere = bool(accelerator.reduce(flag, "sum") > 0)
-            if elsewhere or not math.isfinite(last):
-                bar.close()
-                check_finite_loss(last, step + 1, cause, elsewhere)
-            accelerator.backward(loss)
-            for h in hooks:
-                h.on_after_backward(hooked)
-            if cfg.max_grad_norm:
-                clipped = [*model.parameters(), *extra_params] if extra_params else model.parameters()
-                accelerator.clip_grad_norm_(clipped, cfg.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            _stop_if_not_finite(last, step, cause, accelerator, bar)
+            _optimizer_step(loss, model, extra_params, optimizer, scheduler, accelerator, hooks, hooked,
+                            cfg.max_grad_norm)
             step += 1
             for h in hooks:
                 h.on_step_end(hooked, step)
@@ -396,17 +458,10 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 running_extra[k] = running_extra.get(k, 0.0) + float(v)
             bar.update(1)
             if step % cfg.log_every == 0:
-                mean = running / cfg.log_every
-                if world > 1:  # every rank reaches this step together, so the collective is safe
-                    mean = float(accelerator.reduce(torch.tensor(mean, device=accelerator.device),
-                                                    "mean"))
-                if log and main:  # the extras as window means too, so that they add up to the loss
-                    log({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0],
-                         **{k: v / cfg.log_every for k, v in running_extra.items()}})
+                _log_window(step, running, running_extra, cfg.log_every, scheduler, accelerator,
+                            log if main else None)
                 running, running_extra = 0.0, {}
-            if checkpoint_dir is not None and (
-                    (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
-                    or (checkpoint_last and step == total)):
+            if checkpoint_dir is not None and _checkpoint_due(cfg, step, total, checkpoint_last):
                 save_checkpoint(checkpoint_dir, raw, optimizer, scheduler, hooks, step,
                                 loop={"running": running, "running_extra": running_extra},
                                 extra_modules=extra_modules)

@@ -1,4 +1,5 @@
 from compress.cli.common import add_config_args, config_from_args
+from compress.export.precision import PRECISIONS
 from compress.recipes.export import ExportConfig, run_export
 
 HELP = "export a model to ONNX with a mandatory parity check; optionally optimize (fusion) and quantize"
@@ -21,7 +22,8 @@ def run(args):
     report = run_export(config_from_args(ExportConfig, args))
     lines = [f"exported {report['kind']} model -> {report['file']} ({report['bytes'] / 1e6:.2f} MB); "
              f"inputs {', '.join(report['inputs'])}; dynamic batch and sequence axes"]
-    for key in ("parity_fp32", "parity_optimized", "parity_int8", "parity_fp16", "parity_bf16"):
+    converted = [n for n in PRECISIONS if n != "fp32"]  # one of them at most
+    for key in ("parity_fp32", "parity_optimized", *(f"parity_{n}" for n in converted)):
         if key in report:
             p = report[key]
             if "skipped" in p:
@@ -42,13 +44,13 @@ def run(args):
         lines.append(f"fusion: {report['fusion']}")
     if "accuracy" in report:
         acc = report["accuracy"]
-        scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in ("fp32", "int8", "fp16", "bf16")
+        scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in PRECISIONS
                            if k in acc and "score" in acc[k])
         lines.append(f"{acc['task']} {acc['metric']}: {scores} on {acc['fp32']['n']} dev examples")
-        for k in ("fp16", "bf16"):
+        for k in converted:
             if k in acc and "skipped" in acc[k]:
                 lines.append(f"{k} dev accuracy not run: {acc[k]['skipped']}")
-            elif k in acc:
+            elif k in acc and "argmax_agreement" in acc[k]:
                 agree, diff = acc[k]["argmax_agreement"], acc[k]["max_abs_diff"]
                 lines.append(f"{k} vs fp32 on the dev set: argmax agreement {agree:.2%}, "
                              f"max |diff| of logits {diff:.3g}")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -111,64 +112,22 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     model.to(device)
-    # Embedding tables with sparse gradients get SparseAdam (only the rows a batch uses are
-    # updated); everything else Adam. Gradient clipping applies to the dense parameters.
-    sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
-    dense = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in sparse)]
-    opts = [torch.optim.Adam(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)]
-    if sparse:
-        opts.append(torch.optim.SparseAdam(sparse, lr=cfg.lr))
-    num_labels = model.config.num_labels
-    start = 0
-    if checkpoint is not None and checkpoint.is_file():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        for o, o_state in zip(opts, state["optimizers"]):
-            o.load_state_dict(o_state)
-        torch.set_rng_state(state["rng_torch"])
-        start = int(state["epoch"])
+    opts, dense = _optimizers(model, cfg)
+    state = _resume(checkpoint, model, opts)  # {} when there is nothing to resume
+    start = int(state.get("epoch", 0))
     per_epoch = -(-len(examples) // cfg.batch_size)
-    val_scores: list[float] = list(state.get("val_scores", [])) if start else []
-    best = state.get("best") if start else None
+    val_scores: list[float] = list(state.get("val_scores", []))
+    best = state.get("best")
     # A resumed run counts the steps, seconds and loss of the epochs it did before the stop too.
-    step = int(state.get("step", start * per_epoch)) if start else 0
-    before = float(state.get("seconds", 0.0)) if start else 0.0
-    last = float(state.get("final_loss", float("nan"))) if start else float("nan")
+    step = int(state.get("step", start * per_epoch))
+    before = float(state.get("seconds", 0.0))
+    last = float(state.get("final_loss", float("nan")))
     t0 = time.time()
-    total_steps = per_epoch * cfg.epochs
-    cause = (likely_cause(cfg.lr, cfg.temperature, cfg.kd_lambda) if use_teacher
-             else likely_cause(cfg.lr))
+    loop = _EpochLoop(model, examples, cfg, opts, dense, pad_id, device, use_teacher, per_epoch,
+                      cause=(likely_cause(cfg.lr, cfg.temperature, cfg.kd_lambda) if use_teacher
+                             else likely_cause(cfg.lr)))
     for epoch in range(start, cfg.epochs):
-        model.train()
-        g = torch.Generator().manual_seed(cfg.seed + epoch)
-        order = torch.randperm(len(examples), generator=g).tolist()
-        sums = {"loss": 0.0, "task": 0.0, "distill": 0.0}
-        batches = 0
-        for s in range(0, len(order), cfg.batch_size):
-            factor = lr_factor(cfg.lr_schedule, epoch * per_epoch + s // cfg.batch_size, total_steps)
-            for o in opts:
-                for group in o.param_groups:
-                    group["lr"] = cfg.lr * factor
-            b = collate([examples[i] for i in order[s:s + cfg.batch_size]], pad_id, num_labels,
-                        cfg.multilabel)
-            b = {k: v.to(device) for k, v in b.items()}
-            logits = model(b["input_ids"], b["attention_mask"])
-            losses = distillation_loss(logits, b.get("teacher") if use_teacher else None, b["labels"],
-                                       b["label_mask"], cfg.multilabel, cfg.temperature,
-                                       cfg.kd_lambda if use_teacher else 0.0, cfg.kd_loss)
-            # before backward: a non-finite loss would turn the weights to NaN (and the checkpoint)
-            check_finite_loss(float(losses["loss"].detach()), step + 1, cause)
-            for o in opts:
-                o.zero_grad(set_to_none=True)
-            losses["loss"].backward()
-            if cfg.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(dense, cfg.max_grad_norm)
-            for o in opts:
-                o.step()
-            step += 1
-            batches += 1
-            for k in sums:
-                sums[k] += float(losses[k].detach())
+        sums, batches, step, factor = loop.run(epoch, step)
         last = sums["loss"] / max(batches, 1)
         record = {"epoch": epoch + 1, **{k: v / max(batches, 1) for k, v in sums.items()},
                   "lr": cfg.lr * factor,  # the last step's
@@ -188,16 +147,99 @@ def train_student(model, examples: list[dict], cfg: StudentTrainConfig, pad_id: 
               + (f", held-out {val_scores[-1]:.4f}" if validate is not None else "")
               + (f", dev {ev:.4f}" if ev is not None else "") + f" ({record['seconds']}s)", flush=True)
         if checkpoint is not None:
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            tmp = checkpoint.with_name(checkpoint.name + ".tmp")
-            torch.save({"epoch": epoch + 1, "model": model.state_dict(),
-                        "optimizers": [o.state_dict() for o in opts],
-                        "rng_torch": torch.get_rng_state(), "val_scores": val_scores, "best": best,
-                        "step": step, "seconds": before + time.time() - t0, "final_loss": last}, tmp)
-            tmp.replace(checkpoint)
+            _save_state(checkpoint, {"epoch": epoch + 1, "model": model.state_dict(),
+                                     "optimizers": [o.state_dict() for o in opts],
+                                     "rng_torch": torch.get_rng_state(), "val_scores": val_scores,
+                                     "best": best, "step": step, "seconds": before + time.time() - t0,
+                                     "final_loss": last})
     out = {"steps": step, "epochs": cfg.epochs, "final_loss": last, "seconds": before + time.time() - t0}
     if validate is not None:
         selected = val_scores.index(max(val_scores)) + 1
         model.load_state_dict(best)
         out.update(val_scores=val_scores, selected_epoch=selected)
     return out
+
+
+def _optimizers(model, cfg: StudentTrainConfig) -> tuple[list[torch.optim.Optimizer], list]:
+    """(optimizers, the dense parameters). Embedding tables with sparse gradients get SparseAdam
+    (only the rows a batch uses are updated); everything else Adam. Gradient clipping applies to
+    the dense parameters."""
+    sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
+    dense = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in sparse)]
+    opts = [torch.optim.Adam(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)]
+    if sparse:
+        opts.append(torch.optim.SparseAdam(sparse, lr=cfg.lr))
+    return opts, dense
+
+
+def _resume(checkpoint: Path | None, model, opts) -> dict:
+    """The saved state of an interrupted run, loaded into ``model``, ``opts`` and torch's RNG;
+    {} when ``checkpoint`` is unset or not there."""
+    if checkpoint is None or not checkpoint.is_file():
+        return {}
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    for o, o_state in zip(opts, state["optimizers"]):
+        o.load_state_dict(o_state)
+    torch.set_rng_state(state["rng_torch"])
+    return state
+
+
+def _save_state(checkpoint: Path, state: dict) -> None:
+    """Write ``state`` to ``checkpoint`` through a temporary file, so a stop never leaves half of one."""
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint.with_name(checkpoint.name + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(checkpoint)
+
+
+@dataclass
+class _EpochLoop:
+    """One epoch of student training: seeded order, scheduled learning rate, loss, step."""
+
+    model: Any
+    examples: list[dict]
+    cfg: StudentTrainConfig
+    opts: list
+    dense: list
+    pad_id: int
+    device: Any
+    use_teacher: bool
+    per_epoch: int
+    cause: str
+
+    def run(self, epoch: int, step: int) -> tuple[dict[str, float], int, int, float]:
+        """(loss sums, batches, the step count after it, the last step's learning-rate factor)."""
+        model, cfg, opts, examples = self.model, self.cfg, self.opts, self.examples
+        model.train()
+        g = torch.Generator().manual_seed(cfg.seed + epoch)
+        order = torch.randperm(len(examples), generator=g).tolist()
+        sums = {"loss": 0.0, "task": 0.0, "distill": 0.0}
+        batches = 0
+        for s in range(0, len(order), cfg.batch_size):
+            factor = lr_factor(cfg.lr_schedule, epoch * self.per_epoch + s // cfg.batch_size,
+                               self.per_epoch * cfg.epochs)
+            for o in opts:
+                for group in o.param_groups:
+                    group["lr"] = cfg.lr * factor
+            b = collate([examples[i] for i in order[s:s + cfg.batch_size]], self.pad_id,
+                        model.config.num_labels, cfg.multilabel)
+            b = {k: v.to(self.device) for k, v in b.items()}
+            logits = model(b["input_ids"], b["attention_mask"])
+            losses = distillation_loss(logits, b.get("teacher") if self.use_teacher else None, b["labels"],
+                                       b["label_mask"], cfg.multilabel, cfg.temperature,
+                                       cfg.kd_lambda if self.use_teacher else 0.0, cfg.kd_loss)
+            # before backward: a non-finite loss would turn the weights to NaN (and the checkpoint)
+            check_finite_loss(float(losses["loss"].detach()), step + 1, self.cause)
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            if cfg.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(self.dense, cfg.max_grad_norm)
+            for o in opts:
+                o.step()
+            step += 1
+            batches += 1
+            for k in sums:
+                sums[k] += float(losses[k].detach())
+        return sums, batches, step, factor

@@ -29,7 +29,7 @@ PROVIDER_ALIASES: dict[str, str] = {
 # fusion of residual Add + LayerNormalization) took 116 ms per batch of 32 x 128 on MiniLM against
 # 36 ms for the Add and LayerNormalization it replaces (onnxruntime 1.31, one AVX-512 thread,
 # session profiling); with the fusion off the optimized fp32 graph goes from 0.97x to 1.06x of
-# PyTorch. The export's optimizer leaves the pair unfused too (compress.export.onnx.optimize_onnx).
+# PyTorch. The export's optimizer leaves the pair unfused too (compress.export.optimize.optimize_onnx).
 CPU_DISABLED_OPTIMIZERS: tuple[str, ...] = ("SkipLayerNormFusion",)
 
 

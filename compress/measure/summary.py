@@ -13,7 +13,7 @@ from compress.errors import ModelError
 def measure_spec(spec: str, seq_len: int, runtime: str = "onnxruntime CPU") -> dict[str, Any]:
     """Measure what ``compress measure`` takes: a model, run or student folder, 'minilm', or an
     .onnx file (parameters, sparsity and size only: FLOPs are counted on the PyTorch model)."""
-    from compress.export.onnx import is_onnx_file, load_torch_model
+    from compress.export.loading import is_onnx_file, load_torch_model
     from compress.measure.report import disk_sizes
 
     if is_onnx_file(spec):
@@ -30,7 +30,7 @@ def measure_spec(spec: str, seq_len: int, runtime: str = "onnxruntime CPU") -> d
 def measure_module(model, seq_len: int) -> dict[str, Any]:
     """Measure a module in memory (a Hugging Face encoder or classifier, or any module with the
     ``forward(input_ids, attention_mask=None)`` contract)."""
-    from compress.export.onnx import as_loaded
+    from compress.export.loading import as_loaded
 
     return {"model": type(model).__name__, **measure_loaded(as_loaded(model), seq_len)}
 
@@ -76,12 +76,12 @@ def measure_onnx(path: Path, runtime: str = "onnxruntime CPU") -> dict[str, Any]
 
 def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> dict[str, Any]:
     """Parameters, FLOPs per example at ``seq_len``, sparsity and the speed verdict of a model in
-    memory (a ``compress.export.onnx.LoadedModel``): ``compress measure`` after loading, and
+    memory (a ``compress.export.loading.LoadedModel``): ``compress measure`` after loading, and
     ``compress.measure_model`` of a module. The example inputs go to the model's device, and the
     model's train/eval mode is left as it was."""
     import torch
 
-    from compress.export.onnx import example_inputs
+    from compress.export.inputs import example_inputs
     from compress.measure.flops import count_flops
     from compress.measure.params import count_params
     from compress.measure.report import speed_verdict

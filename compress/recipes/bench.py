@@ -38,16 +38,18 @@ import torch
 
 from compress.config import check_choice, check_range, option, to_dict
 from compress.errors import UsageError
+from compress.export.precision import PRECISIONS
 from compress.measure.latency import _sync
 
 RUNTIMES = ("torch", "ort", "torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch-sparse")
 DEFAULT_RUNTIMES = ("torch", "ort")
 TORCH_PEERS = ("torch-fp16", "torch-bf16", "torch-compile", "torch-int8", "torch-sparse")
 # logits, absolute, against PyTorch eager fp32 on the same inputs: half precision as the ONNX
-# half-precision exports (compress.export.onnx), int8 as the int8 export; torch.compile reorders and
+# half-precision exports (compress.export.precision), int8 as the int8 export; torch.compile reorders and
 # fuses float32 arithmetic only.
-PEER_ATOL = {"torch-fp16": 0.05, "torch-bf16": 0.4, "torch-compile": 1e-3, "torch-int8": 1.0,
-             "torch-sparse": 0.05}
+PEER_ATOL = {"torch-fp16": PRECISIONS["fp16"].atol, "torch-bf16": PRECISIONS["bf16"].atol,
+             "torch-compile": 1e-3, "torch-int8": PRECISIONS["int8"].atol,
+             "torch-sparse": PRECISIONS["fp16"].atol}
 # torch.sparse.to_sparse_semi_structured (CUTLASS/cuSPARSELt 2:4 kernels): NVIDIA Ampere and later
 SEMI_STRUCTURED_CAPABILITY = (8, 0)
 
@@ -140,7 +142,7 @@ def bench_provider(cfg, entries) -> str:
     """``--provider`` resolved against onnxruntime; ``cuda`` for a bench of PyTorch runtimes only
     (no ``ort`` runtime, no .onnx file) also works with an onnxruntime that lacks the CUDA provider
     (e.g. the CPU wheel) when PyTorch sees a CUDA device: the PyTorch rows then run on the GPU."""
-    from compress.export.onnx import is_onnx_file
+    from compress.export.loading import is_onnx_file
     from compress.export.ort import PROVIDER_ALIASES, resolve_provider
 
     torch_only = "ort" not in cfg.runtimes and not any(is_onnx_file(path) for _, path in entries)
@@ -150,20 +152,38 @@ def bench_provider(cfg, entries) -> str:
     return resolve_provider(cfg.provider)
 
 
+@dataclass
+class BenchTarget:
+    """One (model, runtime) to time: ``fn(**feeds) -> logits`` (an ``OrtModel`` for onnxruntime)."""
+
+    label: str
+    runtime: str
+    fn: Any
+    input_names: tuple[str, ...]
+    vocab: int
+    flops_source: str | None        # the PyTorch model whose FLOPs give its GFLOP/s
+
+
+@dataclass
+class BenchSetup:
+    """What every model's loading shares: the provider, device, threads and CPU flags."""
+
+    provider: str
+    device: str
+    threads: int
+    vnni: list[str]
+    avx2: bool
+
+    @property
+    def runtime_name(self) -> str:
+        return "onnxruntime " + ("CUDA" if self.device == "cuda" else "CPU")
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Time every model/runtime on the grid; write ``bench.json`` in a run folder; return the results."""
-    from compress.export.onnx import check_parity, export_onnx, is_onnx_file, load_torch_model
-    from compress.export.ort import OrtModel
-    from compress.measure.flops import count_flops
-    from compress.measure.latency import matmul_peak_gflops, measure_interleaved
-    from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import (
-        cpu_has_avx2,
-        cpu_vnni_flags,
-        exported_kind,
-        is_structured_source,
-        speed_verdict,
-    )
+    from compress.export.loading import is_onnx_file
+    from compress.measure.latency import matmul_peak_gflops
+    from compress.measure.report import cpu_has_avx2, cpu_vnni_flags
     from compress.runs import RunDir, write_json
 
     entries = [parse_entry(m) for m in cfg.models]
@@ -172,13 +192,140 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         _validate_model_path(path)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    threads = torch.get_num_threads()
-    device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
-    runtime_name = "onnxruntime " + ("CUDA" if device == "cuda" else "CPU")
-    vnni, avx2 = cpu_vnni_flags(), cpu_has_avx2()
+    setup = BenchSetup(provider, "cuda" if provider == "CUDAExecutionProvider" else "cpu",
+                       torch.get_num_threads(), cpu_vnni_flags(), cpu_has_avx2())
+    skipped: list[dict[str, str]] = []  # {model, runtime, reason}: runtimes that cannot run here
+
+    # temps: the ONNX files exported for the ``ort`` runtime, removed when the run ends
+    with RunDir("bench", name=cfg.name or "bench", out=cfg.out) as run, contextlib.ExitStack() as temps:
+        run.write_config(to_dict(cfg))
+        run.write_env(None)
+        peak = matmul_peak_gflops(cfg.matmul_n, device=setup.device)
+        models_info: list[dict[str, Any]] = []
+        targets: list[BenchTarget] = []  # all loaded before any timing
+        for label, path in entries:
+            if is_onnx_file(path):
+                info, found = _onnx_targets(cfg, label, path, setup)
+            else:
+                info, found = _torch_targets(cfg, label, path, setup, temps, skipped)
+            models_info.append(info)
+            targets += found
+        cells = _time_grid(cfg, targets, setup.device)
+        rows = _rows(cfg, targets, cells)
+        for row in rows:
+            run.log_metrics(row)
+        _add_ratios(rows)
+        load = _load_average()
+        result = {"provider": provider, "device": setup.device, "threads": setup.threads,
+                  "matmul_peak": peak, "load_average_1min": load, "cpu_count": os.cpu_count(),
+                  "vnni": setup.vnni, "avx2": setup.avx2, "models": models_info, "rows": rows,
+                  "skipped": skipped,
+                  "baseline": f"{rows[0]['model']} ({rows[0]['runtime']})" if rows else None}
+        write_json(run.path / "bench.json", result)
+        (run.path / "bench.txt").write_text(format_bench(result) + "\n", encoding="utf-8")
+    result["run_dir"] = str(run.path)
+    return result
+
+
+def _onnx_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup
+                  ) -> tuple[dict[str, Any], list[BenchTarget]]:
+    """An .onnx file: timed in onnxruntime only, its row named by its precision (``PRECISIONS``)."""
+    from compress.export.ort import OrtModel
+    from compress.measure.params import onnx_initializer_stats
+    from compress.measure.report import exported_kind, is_structured_source, speed_verdict
+
+    sess = OrtModel(path, provider=setup.provider, threads=cfg.threads or setup.threads)
+    stats = onnx_initializer_stats(path)
+    ops = stats["op_counts"]
+    int8 = "MatMulInteger" in ops or "QAttention" in ops
+    src = _flops_source(path)
+    structured = is_structured_source(src)
+    info = {"label": label, "path": path, "kind": "onnx", "flops_source": src, "int8": int8,
+            "verdict": speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
+                                     structured=structured, int8=int8,
+                                     distilled=exported_kind(path) == "student",
+                                     runtime=setup.runtime_name, vnni=setup.vnni, avx2=setup.avx2)}
+    runtime = PRECISIONS[onnx_precision(path)].runtime
+    return info, [BenchTarget(label, runtime, sess, sess.input_names, _onnx_vocab(path), src)]
+
+
+def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
+                   temps: contextlib.ExitStack, skipped: list[dict[str, str]]
+                   ) -> tuple[dict[str, Any], list[BenchTarget]]:
+    """A model folder: PyTorch eager, its peers (each parity-checked, or skipped with the reason)
+    and, for ``ort``, its export (exported into a folder of ``temps``, parity-checked)."""
+    from compress.export.loading import load_torch_model
+    from compress.export.onnx import check_parity, export_onnx
+    from compress.export.ort import OrtModel
+    from compress.measure.report import speed_verdict
+
+    device = setup.device
+    loaded = load_torch_model(path, attn_implementation=None)
+    model = loaded.model.to(device)
+    info: dict[str, Any] = {"label": label, "path": path, "kind": loaded.kind, "flops_source": path,
+                            "verdict": speed_verdict(
+                                unstructured_sparsity=_encoder_sparsity(model),
+                                structured=getattr(getattr(model, "config", None), "layer_heads", None)
+                                is not None, distilled=loaded.kind == "student",
+                                runtime="PyTorch eager " + device, vnni=setup.vnni, avx2=setup.avx2)}
+    found = []
+    if "torch" in cfg.runtimes:
+        found.append(BenchTarget(label, "torch", _torch_callable(loaded), loaded.input_names,
+                                 loaded.vocab_size, path))
+    for runtime in (r for r in cfg.runtimes if r in TORCH_PEERS):
+        peer = torch_peer(loaded, runtime, device)
+        if isinstance(peer, str):
+            skipped.append({"model": label, "runtime": runtime, "reason": peer})
+            continue
+        info.setdefault("peer_parity", {})[runtime] = check_peer_parity(loaded, peer, runtime, device)
+        found.append(BenchTarget(label, runtime, peer, loaded.input_names, loaded.vocab_size, path))
+    if "ort" in cfg.runtimes:
+        eager = load_torch_model(path, attn_implementation="eager")
+        tmp = Path(temps.enter_context(tempfile.TemporaryDirectory(prefix="compress-bench-")))
+        onnx_path = export_onnx(eager, tmp / "model.onnx")
+        info["parity"] = check_parity(eager, onnx_path, provider=setup.provider)
+        sess = OrtModel(onnx_path, provider=setup.provider, threads=cfg.threads or setup.threads)
+        found.append(BenchTarget(label, "ort", sess, sess.input_names, loaded.vocab_size, path))
+    return info, found
+
+
+def _time_grid(cfg: BenchConfig, targets: list[BenchTarget], device: str
+               ) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """Latency stats per (target index, length, batch). Every grid point times all targets in
+    round-robin rounds (measure_interleaved), so drift of the machine's speed during the run does
+    not land on one model's side of a ratio."""
+    from compress.measure.latency import measure_interleaved
+
+    cells: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for length in cfg.seq_lens:
+        for batch in cfg.batch_sizes:
+            fns, devices, first_call = {}, {}, {}
+            for i, t in enumerate(targets):
+                feeds = _inputs(t.input_names, t.vocab, batch, length)
+                if t.runtime.startswith("torch"):
+                    feeds = {k: v.to(device) for k, v in feeds.items()}
+                    devices[str(i)] = device
+                    fns[str(i)] = lambda fn=t.fn, feeds=feeds: fn(**feeds)
+                    if t.runtime == "torch-compile":  # (re)compiles for this shape: not timed with the rest
+                        first_call[i] = _first_call_s(fns[str(i)], device)
+                else:  # inputs on the device before timing, outputs left there, as for torch
+                    fns[str(i)] = t.fn.bind(feeds)
+            timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices,
+                                        settle_s=cfg.settle_s)
+            for i in range(len(targets)):
+                cells[(i, length, batch)] = timed[str(i)]
+                if i in first_call:
+                    cells[(i, length, batch)]["compile_s"] = first_call[i]
+    return cells
+
+
+def _rows(cfg: BenchConfig, targets: list[BenchTarget], cells) -> list[dict[str, Any]]:
+    """One row per (target, length, batch): its timings, throughput and achieved GFLOP/s (dense
+    FLOPs of its PyTorch model, counted once per model and length)."""
+    from compress.export.loading import load_torch_model
+    from compress.measure.flops import count_flops
 
     flops_cache: dict[tuple[str, int], int] = {}
-    skipped: list[dict[str, str]] = []  # {model, runtime, reason}: runtimes that cannot run here
 
     def flops_of(src: str | None, length: int) -> int | None:
         if src is None:
@@ -189,103 +336,18 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             flops_cache[(src, length)] = count_flops(m.model, fake)["dense_flops"]
         return flops_cache[(src, length)]
 
-    # temps: the ONNX files exported for the ``ort`` runtime, removed when the run ends
-    with RunDir("bench", name=cfg.name or "bench", out=cfg.out) as run, contextlib.ExitStack() as temps:
-        run.write_config(to_dict(cfg))
-        run.write_env(None)
-        peak = matmul_peak_gflops(cfg.matmul_n, device=device)
-        models_info: list[dict[str, Any]] = []
-        # (label, runtime, callable, input names, vocab, FLOPs source): all loaded before any timing
-        targets: list[tuple[str, str, Any, tuple[str, ...], int, str | None]] = []
-        for label, path in entries:
-            info: dict[str, Any] = {"label": label, "path": path}
-            if is_onnx_file(path):
-                sess = OrtModel(path, provider=provider, threads=cfg.threads or threads)
-                stats = onnx_initializer_stats(path)
-                ops = stats["op_counts"]
-                int8 = "MatMulInteger" in ops or "QAttention" in ops
-                src = _flops_source(path)
-                structured = is_structured_source(src)
-                info.update(kind="onnx", flops_source=src, int8=int8,
-                            verdict=speed_verdict(unstructured_sparsity=stats["float_matrix_sparsity"],
-                                                  structured=structured, int8=int8,
-                                                  distilled=exported_kind(path) == "student",
-                                                  runtime=runtime_name, vnni=vnni, avx2=avx2))
-                runtime = "ort" + {"fp32": ""}.get(precision := onnx_precision(path), f"-{precision}")
-                targets.append((label, runtime, sess, sess.input_names, _onnx_vocab(path), src))
-            else:
-                loaded = load_torch_model(path, attn_implementation=None)
-                model = loaded.model.to(device)
-                info.update(kind=loaded.kind, flops_source=path,
-                            verdict=speed_verdict(
-                                unstructured_sparsity=_encoder_sparsity(model),
-                                structured=getattr(getattr(model, "config", None), "layer_heads", None)
-                                is not None, distilled=loaded.kind == "student",
-                                runtime="PyTorch eager " + device, vnni=vnni, avx2=avx2))
-                if "torch" in cfg.runtimes:
-                    targets.append((label, "torch", _torch_callable(loaded), loaded.input_names,
-                                    loaded.vocab_size, path))
-                for runtime in (r for r in cfg.runtimes if r in TORCH_PEERS):
-                    peer = torch_peer(loaded, runtime, device)
-                    if isinstance(peer, str):
-                        skipped.append({"model": label, "runtime": runtime, "reason": peer})
-                        continue
-                    info.setdefault("peer_parity", {})[runtime] = check_peer_parity(loaded, peer, runtime,
-                                                                                    device)
-                    targets.append((label, runtime, peer, loaded.input_names, loaded.vocab_size, path))
-                if "ort" in cfg.runtimes:
-                    eager = load_torch_model(path, attn_implementation="eager")
-                    tmp = Path(temps.enter_context(tempfile.TemporaryDirectory(prefix="compress-bench-")))
-                    onnx_path = export_onnx(eager, tmp / "model.onnx")
-                    info["parity"] = check_parity(eager, onnx_path, provider=provider)
-                    sess = OrtModel(onnx_path, provider=provider, threads=cfg.threads or threads)
-                    targets.append((label, "ort", sess, sess.input_names, loaded.vocab_size, path))
-            models_info.append(info)
-        # Every grid point times all targets in round-robin rounds (measure_interleaved), so drift of
-        # the machine's speed during the run does not land on one model's side of a ratio.
-        cells: dict[tuple[int, int, int], dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    for i, t in enumerate(targets):
         for length in cfg.seq_lens:
+            fl = flops_of(t.flops_source, length)
             for batch in cfg.batch_sizes:
-                fns, devices, first_call = {}, {}, {}
-                for i, (_, runtime, fn, names, vocab, _) in enumerate(targets):
-                    feeds = _inputs(names, vocab, batch, length)
-                    if runtime.startswith("torch"):
-                        feeds = {k: v.to(device) for k, v in feeds.items()}
-                        devices[str(i)] = device
-                        fns[str(i)] = lambda fn=fn, feeds=feeds: fn(**feeds)
-                        if runtime == "torch-compile":  # (re)compiles for this shape: not timed with the rest
-                            first_call[i] = _first_call_s(fns[str(i)], device)
-                    else:  # inputs on the device before timing, outputs left there, as for torch
-                        fns[str(i)] = fn.bind(feeds)
-                timed = measure_interleaved(fns, cfg.warmup, cfg.iterations, cfg.rounds, devices,
-                                            settle_s=cfg.settle_s)
-                for i in range(len(targets)):
-                    cells[(i, length, batch)] = timed[str(i)]
-                    if i in first_call:
-                        cells[(i, length, batch)]["compile_s"] = first_call[i]
-        rows: list[dict[str, Any]] = []
-        for i, (label, runtime, _, _, _, src) in enumerate(targets):
-            for length in cfg.seq_lens:
-                fl = flops_of(src, length)
-                for batch in cfg.batch_sizes:
-                    stats = cells[(i, length, batch)]
-                    mean_s = stats["mean_ms"] / 1000.0
-                    row = {"model": label, "runtime": runtime, "batch": batch, "seq_len": length,
-                           **stats, "throughput": batch / mean_s,
-                           "flops_per_example": fl,
-                           "achieved_gflops": fl * batch / mean_s / 1e9 if fl else None}
-                    rows.append(row)
-                    run.log_metrics(row)
-        _add_ratios(rows)
-        load = _load_average()
-        result = {"provider": provider, "device": device, "threads": threads, "matmul_peak": peak,
-                  "load_average_1min": load, "cpu_count": os.cpu_count(),
-                  "vnni": vnni, "avx2": avx2, "models": models_info, "rows": rows, "skipped": skipped,
-                  "baseline": f"{rows[0]['model']} ({rows[0]['runtime']})" if rows else None}
-        write_json(run.path / "bench.json", result)
-        (run.path / "bench.txt").write_text(format_bench(result) + "\n", encoding="utf-8")
-    result["run_dir"] = str(run.path)
-    return result
+                stats = cells[(i, length, batch)]
+                mean_s = stats["mean_ms"] / 1000.0
+                rows.append({"model": t.label, "runtime": t.runtime, "batch": batch, "seq_len": length,
+                             **stats, "throughput": batch / mean_s,
+                             "flops_per_example": fl,
+                             "achieved_gflops": fl * batch / mean_s / 1e9 if fl else None})
+    return rows
 
 
 def torch_peer(loaded, runtime: str, device: str):
@@ -297,7 +359,7 @@ def torch_peer(loaded, runtime: str, device: str):
     happens on the first call of each shape). torch-int8 is ``torch.ao.quantization.quantize_dynamic``
     of every ``nn.Linear`` on a copy (int8 weights, activations quantized per call; CPU kernels only).
     """
-    from compress.export.onnx import LoadedModel
+    from compress.export.loading import LoadedModel
 
     check_choice("runtime", runtime, TORCH_PEERS)
     model = loaded.model
@@ -369,7 +431,8 @@ def check_peer_parity(loaded, peer, runtime: str, device: str, batch: int = 2, l
     """Logits of ``peer`` against eager fp32 on one padded batch; ParityError beyond ``PEER_ATOL``.
     For torch-compile the call compiles, and ``compile_s`` (that first call) is returned too."""
     from compress.errors import ParityError
-    from compress.export.onnx import example_inputs, torch_logits
+    from compress.export.inputs import example_inputs
+    from compress.export.loading import torch_logits
 
     feeds = {k: v.to(device) for k, v in example_inputs(loaded, batch, length).items()}
     want = torch_logits(loaded, feeds).float()
@@ -399,16 +462,16 @@ def _first_call_s(fn, device: str) -> float:
 
 
 def onnx_precision(path: str) -> str:
-    """fp16/bf16 when the file's weight matrices are float16/bfloat16 (``compress export
-    --precision``), else fp32 (int8 files included: their rows stay ``ort``)."""
+    """The ``PRECISIONS`` entry whose weight type the file's weight matrices have (fp16/bf16 from
+    ``compress export --precision``), else fp32 (int8 files included: their rows stay ``ort``)."""
     import onnx
     from onnx import TensorProto
 
     model = onnx.load(str(path), load_external_data=False)
     types = {i.data_type for i in model.graph.initializer if len(i.dims) >= 2}
-    for precision, kind in (("fp16", TensorProto.FLOAT16), ("bf16", TensorProto.BFLOAT16)):
-        if kind in types:
-            return precision
+    for name, precision in PRECISIONS.items():
+        if precision.weight_type is not None and getattr(TensorProto, precision.weight_type) in types:
+            return name
     return "fp32"
 
 
@@ -423,7 +486,7 @@ def _load_average() -> float | None:
 
 def _validate_model_path(path: str) -> None:
     from compress.errors import ModelError
-    from compress.export.onnx import is_onnx_file
+    from compress.export.loading import is_onnx_file
     from compress.models import resolve_model
 
     p = Path(path)
@@ -479,7 +542,7 @@ def _encoder_sparsity(model: torch.nn.Module) -> float:
 
 
 def _torch_callable(loaded):
-    from compress.export.onnx import torch_logits
+    from compress.export.loading import torch_logits
 
     def call(**feeds):
         return torch_logits(loaded, feeds)

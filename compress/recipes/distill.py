@@ -10,6 +10,7 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -299,11 +300,108 @@ def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
     return run_finetune(ft, command="distill-teacher")
 
 
+@dataclass
+class DistillPlan:
+    """Everything ``run_distill`` checked before the run folder exists: the data split, the
+    student's options and training settings, the teacher's tokenizer."""
+
+    entry: Any                      # the student's registry entry
+    options: dict[str, Any]         # the student's config values, the run's own included
+    spec: Any                       # the task
+    train_ds: Any                   # the labelled training examples (less the held-out ones)
+    unlabeled_ds: Any               # training examples whose gold labels stay hidden
+    val_ds: Any                     # held-out examples that pick the epoch, or None
+    eval_ds: Any
+    finetune_first: bool            # --teacher names a packaged encoder: fine-tune it first
+    tokenizer: Any                  # the teacher's
+    train_cfg: StudentTrainConfig
+    aug_cfg: AugmentConfig
+    device: torch.device
+    mode: str                       # "kd" | "no-kd"
+
+    @property
+    def labels(self) -> list[str]:
+        return self.train_ds.label_names
+
+    @property
+    def multilabel(self) -> bool:
+        return self.train_ds.multilabel
+
+
+@dataclass
+class TransferSet:
+    """The texts the teacher labels and the student trains on: the training examples, their
+    augmented copies and the unlabeled examples, in that order."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    augmented: int
+    seconds: float                  # augmentation time
+
+
+@dataclass
+class TeacherLogits:
+    eval: np.ndarray
+    eval_from: str
+    transfer: np.ndarray | None     # None under --no-kd
+    transfer_from: str
+    seconds: float
+
+
 def run_distill(cfg: DistillConfig) -> Path:
     """Distil a teacher into ``cfg.student`` on ``cfg.task``; returns the finished run folder."""
-    from compress.recipes.finetune import init_bias_to_prior, load_task_data
+    plan = plan_distill(cfg)  # everything checked before the run folder exists
+    name = cfg.name or f"{plan.spec.name}-{cfg.student}-{plan.mode}"
+    with RunDir("distill", name=name, out=cfg.out, resume=cfg.resume) as run:
+        run.write_config(to_dict(cfg))  # resolved lambda and lr are in summary.json
+        run.write_env(cfg.seed)
+        start_tracking(run, cfg.report_to, to_dict(cfg), "distill")
+        t_start = time.time()
 
-    # ---- validate everything before the run folder exists -------------------------------------
+        teacher_spec = cfg.teacher
+        if plan.finetune_first:
+            teacher_spec = str(_finetune_teacher(cfg, run.path / "teacher"))
+        teacher_seconds = time.time() - t_start
+        # the teacher's tokenizer as loaded with it: its encodings hold only the inputs it takes
+        teacher, tokenizer, _ = load_classifier(teacher_spec, plan.labels, plan.multilabel,
+                                                strict_labels=True)
+        teacher.to(plan.device)
+        fingerprint = teacher_fingerprint(resolve_model(teacher_spec))
+        transfer = transfer_set(plan)
+        logits = _teacher_logits(cfg, plan, teacher, tokenizer, fingerprint, transfer, run.path)
+        # An interrupted run with this folder keeps what is cached and resumes (--resume).
+        (run.path / "checkpoint").mkdir(exist_ok=True)
+
+        student, scfg, emb_info, eval_ids, result = _train(cfg, plan, teacher, tokenizer, transfer,
+                                                           logits, run)
+        evaluation = _evaluate(cfg, plan, student, teacher, tokenizer, teacher_spec, eval_ids, logits.eval)
+
+        save_student(student, cfg.student, run.path / "student",
+                     {"task": plan.spec.name, "label_names": list(plan.labels),
+                      "multilabel": plan.multilabel, "max_length": cfg.max_length, "teacher": teacher_spec})
+        tokenizer.save_pretrained(run.path / "student")
+        seconds = {"teacher_finetune": round(teacher_seconds, 1) if plan.finetune_first else 0.0,
+                   "augment": round(transfer.seconds, 1), "teacher_logits": round(logits.seconds, 1),
+                   "student_train": round(result["seconds"], 1), "total": round(time.time() - t_start, 1)}
+        run.write_summary(_summary(cfg, plan, teacher_spec, scfg, emb_info, transfer, logits, evaluation,
+                                   result, seconds))
+        table = format_table(evaluation["rows"], plan.spec.metric, evaluation["seq_len"]) + (
+            f"\nstudent-teacher agreement on {len(plan.eval_ds)} eval examples: "
+            f"{evaluation['fidelity']['agreement']:.4f}")
+        (run.path / "report.txt").write_text(table + "\n", encoding="utf-8")
+        shutil.rmtree(run.path / "checkpoint", ignore_errors=True)
+    print(table)
+    print(f"-> {run.path}")
+    if not math.isfinite(result["final_loss"]):
+        print("warning: the final training loss is not finite")
+    return run.path
+
+
+def plan_distill(cfg: DistillConfig) -> DistillPlan:
+    """Load the task data, split it, and check every option against the student, the task's labels
+    and the teacher; nothing is written."""
+    from compress.recipes.finetune import load_task_data
+
     entry = get_student(cfg.student)
     options = parse_options(cfg.student_options)
     check_embedding_spec(cfg.student_embeddings)
@@ -337,178 +435,182 @@ def run_distill(cfg: DistillConfig) -> Path:
     options["pad_id"] = tokenizer.pad_token_id or 0
     if "special_ids" in entry.config_class.__dataclass_fields__:
         options["special_ids"] = non_feature_ids(tokenizer)
-    lr = cfg.lr if cfg.lr is not None else entry.lr_for(multilabel)
-    weight_decay = (cfg.weight_decay if cfg.weight_decay is not None
-                    else entry.weight_decay_for(len(labels), multilabel))
-    lr_schedule = cfg.lr_schedule or entry.default_lr_schedule
-    train_cfg = StudentTrainConfig(lr=lr, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                   weight_decay=weight_decay, lr_schedule=lr_schedule,
-                                   max_grad_norm=cfg.max_grad_norm,
-                                   seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda,
-                                   kd_loss=cfg.kd_loss, multilabel=multilabel)
+    train_cfg = StudentTrainConfig(
+        lr=cfg.lr if cfg.lr is not None else entry.lr_for(multilabel), epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        weight_decay=(cfg.weight_decay if cfg.weight_decay is not None
+                      else entry.weight_decay_for(len(labels), multilabel)),
+        lr_schedule=cfg.lr_schedule or entry.default_lr_schedule, max_grad_norm=cfg.max_grad_norm,
+        seed=cfg.seed, temperature=cfg.temperature, kd_lambda=kd_lambda, kd_loss=cfg.kd_loss,
+        multilabel=multilabel)
     # the mask token is the teacher's ([MASK], <mask>); asked for only when copies mask words
     mask = {"mask_token": mask_token_of(tokenizer)} if cfg.augment and cfg.p_mask > 0 else {}
-    aug_cfg = cfg.augment_config(seed=data_seed, **mask)
-    device = _device()
-    mode = "no-kd" if cfg.no_kd else "kd"
+    return DistillPlan(entry, options, spec, train_ds, unlabeled_ds, val_ds, eval_ds, finetune_first,
+                       tokenizer, train_cfg, cfg.augment_config(seed=data_seed, **mask), _device(),
+                       "no-kd" if cfg.no_kd else "kd")
 
-    with RunDir("distill", name=cfg.name or f"{spec.name}-{cfg.student}-{mode}", out=cfg.out,
-                resume=cfg.resume) as run:
-        run.write_config(to_dict(cfg))  # resolved lambda and lr are in summary.json
-        run.write_env(cfg.seed)
-        start_tracking(run, cfg.report_to, to_dict(cfg), "distill")
-        t_start = time.time()
 
-        # ---- teacher ------------------------------------------------------------------------
-        teacher_spec = str(_finetune_teacher(cfg, run.path / "teacher")) if finetune_first else cfg.teacher
-        teacher_seconds = time.time() - t_start
-        # the teacher's tokenizer as loaded with it: its encodings hold only the inputs it takes
-        teacher, tokenizer, _ = load_classifier(teacher_spec, labels, multilabel, strict_labels=True)
-        teacher.to(device)
-        fp = teacher_fingerprint(resolve_model(teacher_spec))
+def transfer_set(plan: DistillPlan) -> TransferSet:
+    """The training examples plus augmented copies (teacher labels only) plus the unlabeled pool."""
+    train_ds, unlabeled_ds = plan.train_ds, plan.unlabeled_ds
+    t0 = time.time()
+    aug_texts, aug_pairs = augment_texts(train_ds.texts, train_ds.pairs, plan.aug_cfg)
+    seconds = time.time() - t0
+    texts = train_ds.texts + aug_texts + unlabeled_ds.texts
+    pairs = (None if train_ds.pairs is None
+             else train_ds.pairs + (aug_pairs or []) + (unlabeled_ds.pairs or []))
+    return TransferSet(texts, pairs, len(aug_texts), seconds)
 
-        # ---- transfer set: the training examples plus augmented copies (teacher labels only) --
-        t0 = time.time()
-        aug_texts, aug_pairs = augment_texts(train_ds.texts, train_ds.pairs, aug_cfg)
-        augment_seconds = time.time() - t0
-        texts = train_ds.texts + aug_texts + unlabeled_ds.texts
-        pairs = (None if train_ds.pairs is None
-                 else train_ds.pairs + (aug_pairs or []) + (unlabeled_ds.pairs or []))
 
-        def logits_for(role, tx, px):
-            key = transfer_key(fp, tx, px, cfg.max_length)
-            return cached_logits(
-                run.path / CACHE_DIR / f"{role}.safetensors", key,
-                lambda: teacher_predict(teacher, tokenizer, tx, px, cfg.max_length,
-                                        cfg.teacher_eval_batch_size),
-                source=resolve_cache_source(cfg.teacher_cache, role), strict_source=role == "transfer")
+def _teacher_logits(cfg: DistillConfig, plan: DistillPlan, teacher, tokenizer, fingerprint: str,
+                    transfer: TransferSet, run_path: Path) -> TeacherLogits:
+    """The teacher's logits on the eval set and (unless --no-kd) the transfer set, from the run's
+    cache, --teacher-cache, or computed and cached."""
+    def logits_for(role, tx, px):
+        key = transfer_key(fingerprint, tx, px, cfg.max_length)
+        return cached_logits(
+            run_path / CACHE_DIR / f"{role}.safetensors", key,
+            lambda: teacher_predict(teacher, tokenizer, tx, px, cfg.max_length,
+                                    cfg.teacher_eval_batch_size),
+            source=resolve_cache_source(cfg.teacher_cache, role), strict_source=role == "transfer")
 
-        t0 = time.time()
-        teacher_eval, eval_from = logits_for("eval", eval_ds.texts, eval_ds.pairs)
-        if cfg.no_kd:
-            teacher_train, train_from = None, "not used (--no-kd)"
-        else:
-            teacher_train, train_from = logits_for("transfer", texts, pairs)
-        teacher_logit_seconds = time.time() - t0
-        # An interrupted run with this folder keeps what is cached and resumes (--resume).
-        (run.path / "checkpoint").mkdir(exist_ok=True)
+    t0 = time.time()
+    teacher_eval, eval_from = logits_for("eval", plan.eval_ds.texts, plan.eval_ds.pairs)
+    if cfg.no_kd:
+        teacher_train, train_from = None, "not used (--no-kd)"
+    else:
+        teacher_train, train_from = logits_for("transfer", transfer.texts, transfer.pairs)
+    return TeacherLogits(teacher_eval, eval_from, teacher_train, train_from, time.time() - t0)
 
-        # ---- student ------------------------------------------------------------------------
-        def encode(tx, px):
-            return tokenizer(tx, px, truncation=True, max_length=cfg.max_length)["input_ids"]
 
-        train_ids = encode(texts, pairs) if not cfg.no_kd else encode(train_ds.texts, train_ds.pairs)
-        eval_ids = encode(eval_ds.texts, eval_ds.pairs)
-        val_ids = encode(val_ds.texts, val_ds.pairs) if val_ds is not None else None
-        gold = _gold(train_ds)
-        examples = []
-        for i, ids in enumerate(train_ids):
-            label = None
-            if i < len(train_ds):
-                label = gold[i].tolist() if multilabel else int(gold[i])
-            examples.append({"input_ids": ids, "label": label,
-                             "teacher": None if teacher_train is None else teacher_train[i]})
+def _train(cfg: DistillConfig, plan: DistillPlan, teacher, tokenizer, transfer: TransferSet,
+           logits: TeacherLogits, run):
+    """Build the student (initial embeddings, prepared on the transfer set) and train it; returns
+    (student, its config, the embeddings' source, the eval set's ids, train_student's result)."""
+    train_ds, val_ds, multilabel, options = plan.train_ds, plan.val_ds, plan.multilabel, plan.options
 
-        emb, emb_info = (None, {"source": "not used"})
-        if entry.model_class.uses_embeddings:
-            emb, emb_info = initial_embeddings(cfg.student_embeddings, teacher, tokenizer, cfg.seed)
-            if emb is not None:
-                check_embed_dim(options, int(emb.shape[1]))
-                options["embed_dim"] = int(emb.shape[1])
-        vocab_size = max(len(tokenizer), emb.shape[0] if emb is not None else 0)
-        scfg = student_config(cfg.student, options)
-        torch.manual_seed(cfg.seed)
-        student = build_student(cfg.student, scfg, vocab_size)
-        # Fitted on the whole transfer set: augmented copies are unlabelled text the student
-        # trains on, so their n-grams get idf weights too (under --no-kd: the originals only).
-        student.prepare([e["input_ids"] for e in examples])
+    def encode(tx, px):
+        return tokenizer(tx, px, truncation=True, max_length=cfg.max_length)["input_ids"]
+
+    if cfg.no_kd:
+        train_ids = encode(train_ds.texts, train_ds.pairs)
+    else:
+        train_ids = encode(transfer.texts, transfer.pairs)
+    eval_ids = encode(plan.eval_ds.texts, plan.eval_ds.pairs)
+    val_ids = encode(val_ds.texts, val_ds.pairs) if val_ds is not None else None
+    gold = _gold(train_ds)
+    examples = []
+    for i, ids in enumerate(train_ids):
+        label = None
+        if i < len(train_ds):
+            label = gold[i].tolist() if multilabel else int(gold[i])
+        examples.append({"input_ids": ids, "label": label,
+                         "teacher": None if logits.transfer is None else logits.transfer[i]})
+
+    emb, emb_info = (None, {"source": "not used"})
+    if plan.entry.model_class.uses_embeddings:
+        emb, emb_info = initial_embeddings(cfg.student_embeddings, teacher, tokenizer, cfg.seed)
         if emb is not None:
-            student.init_embeddings(emb)
-        if multilabel:  # as the teacher's head: rare labels start near their frequency, not at 0.5
-            init_bias_to_prior(student.output_layer(), train_ds)
-        pad_id = tokenizer.pad_token_id or 0
-        eval_gold = _gold(eval_ds)
+            check_embed_dim(options, int(emb.shape[1]))
+            options["embed_dim"] = int(emb.shape[1])
+    vocab_size = max(len(tokenizer), emb.shape[0] if emb is not None else 0)
+    scfg = student_config(cfg.student, options)
+    torch.manual_seed(cfg.seed)
+    student = build_student(cfg.student, scfg, vocab_size)
+    # Fitted on the whole transfer set: augmented copies are unlabelled text the student
+    # trains on, so their n-grams get idf weights too (under --no-kd: the originals only).
+    student.prepare([e["input_ids"] for e in examples])
+    if emb is not None:
+        student.init_embeddings(emb)
+    if multilabel:  # as the teacher's head: rare labels start near their frequency, not at 0.5
+        from compress.recipes.finetune import init_bias_to_prior
 
-        def epoch_end(epoch):
-            logits = predict_student(student, eval_ids, pad_id, device=device)
-            return _score(spec.family, spec.metric, logits, eval_gold)
+        init_bias_to_prior(student.output_layer(), train_ds)
+    pad_id = tokenizer.pad_token_id or 0
+    spec, device, eval_gold = plan.spec, plan.device, _gold(plan.eval_ds)
 
-        def validate():
-            logits = predict_student(student, val_ids, pad_id, device=device)
-            return _score(spec.family, spec.metric, logits, _gold(val_ds))["score"]
-
-        print(f"distill {cfg.student} ({mode}) on {spec.name}: {len(examples)} training examples "
-              f"({len(train_ds)} original + {len(aug_texts) if not cfg.no_kd else 0} augmented"
-              + (f" + {len(unlabeled_ds)} unlabeled" if len(unlabeled_ds) else "") + "), "
-              f"teacher logits: {train_from}", flush=True)
-        result = train_student(student, examples, train_cfg, pad_id, device, use_teacher=not cfg.no_kd,
-                               log=run.log_metrics, epoch_end=epoch_end,
-                               validate=validate if val_ds is not None else None,
-                               checkpoint=run.path / "checkpoint" / "student.pt")
-
-        # ---- evaluation and report ----------------------------------------------------------
+    def epoch_end(epoch):
         student_logits = predict_student(student, eval_ids, pad_id, device=device)
-        student_metrics = _score(spec.family, spec.metric, student_logits, eval_gold)
-        teacher_metrics = _score(spec.family, spec.metric, teacher_eval, eval_gold)
-        fidelity = teacher_agreement(student_logits, teacher_eval, eval_gold, multilabel)
-        seq_len = max(1, round(float(np.mean([len(x) for x in eval_ids]))))
-        ids = flops_input_ids(tokenizer, seq_len)
-        student.cpu()
-        teacher.cpu()
-        s_flops, s_src = measure_flops(student, {"input_ids": ids}, student.flops_per_example(seq_len))
-        t_flops, t_src = measure_flops(
-            teacher, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
-            bert_flops_formula(teacher.config, seq_len, len(labels)))
-        t_params = sum(p.numel() for p in teacher.parameters())
-        s_params = student.num_parameters()
-        rows = [
-            {"model": f"teacher ({Path(teacher_spec).name if not finetune_first else cfg.teacher})",
-             "score": teacher_metrics["score"], "params": t_params, "flops": t_flops,
-             "flops_ratio": 1.0},
-            {"model": f"{cfg.student} ({mode})", "score": student_metrics["score"], "params": s_params,
-             "flops": s_flops, "flops_ratio": t_flops / max(s_flops, 1)},
-        ]
-        save_student(student, cfg.student, run.path / "student",
-                     {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
-                      "max_length": cfg.max_length, "teacher": teacher_spec})
-        tokenizer.save_pretrained(run.path / "student")
-        summary = {
-            "command": "distill", "task": spec.name, "metric": spec.metric, "student": cfg.student,
-            "mode": mode, "teacher": teacher_spec, "teacher_finetuned_here": finetune_first,
-            "kd_loss": None if cfg.no_kd else kd_loss_name(multilabel, cfg.kd_loss), "kd_lambda": kd_lambda,
-            "temperature": cfg.temperature, "lr": lr, "weight_decay": weight_decay,
-            "lr_schedule": lr_schedule, "student_config": to_dict(scfg),
-            "embeddings": emb_info,
-            "train_examples": len(train_ds), "augmented_examples": 0 if cfg.no_kd else len(aug_texts),
-            "unlabeled_examples": len(unlabeled_ds),
-            "eval_examples": len(eval_ds), "teacher_logits": {"transfer": train_from, "eval": eval_from},
-            "teacher_eval": teacher_metrics, "student_eval": student_metrics,
-            "teacher_agreement": fidelity,
-            "params": {"teacher": t_params, "student": s_params},
-            "flops_per_example": {"teacher": t_flops, "student": s_flops, "seq_len": seq_len,
-                                  "seq_len_from": "the mean token length of the eval set",
-                                  "teacher_source": t_src, "student_source": s_src,
-                                  "unit": "FLOPs = 2 x multiply-adds, dense, batch 1",
-                                  "teacher_over_student": round(t_flops / max(s_flops, 1), 2)},
-            "seconds": {"teacher_finetune": round(teacher_seconds, 1) if finetune_first else 0.0,
-                        "augment": round(augment_seconds, 1),
-                        "teacher_logits": round(teacher_logit_seconds, 1),
-                        "student_train": round(result["seconds"], 1),
-                        "total": round(time.time() - t_start, 1)},
-            "steps": result["steps"], "epochs": cfg.epochs,
-            "model_selection": (
-                {"rule": "best epoch on held-out training examples", "val_fraction": cfg.val_fraction,
-                 "val_examples": len(val_ds), "val_scores": result["val_scores"],
-                 "selected_epoch": result["selected_epoch"]}
-                if val_ds is not None else {"rule": "last epoch"}),
-        }
-        run.write_summary(summary)
-        table = format_table(rows, spec.metric, seq_len) + (
-            f"\nstudent-teacher agreement on {len(eval_ds)} eval examples: {fidelity['agreement']:.4f}")
-        (run.path / "report.txt").write_text(table + "\n", encoding="utf-8")
-        shutil.rmtree(run.path / "checkpoint", ignore_errors=True)
-    print(table)
-    print(f"-> {run.path}")
-    if not math.isfinite(result["final_loss"]):
-        print("warning: the final training loss is not finite")
-    return run.path
+        return _score(spec.family, spec.metric, student_logits, eval_gold)
+
+    def validate():
+        student_logits = predict_student(student, val_ids, pad_id, device=device)
+        return _score(spec.family, spec.metric, student_logits, _gold(val_ds))["score"]
+
+    print(f"distill {cfg.student} ({plan.mode}) on {spec.name}: {len(examples)} training examples "
+          f"({len(train_ds)} original + {transfer.augmented if not cfg.no_kd else 0} augmented"
+          + (f" + {len(plan.unlabeled_ds)} unlabeled" if len(plan.unlabeled_ds) else "") + "), "
+          f"teacher logits: {logits.transfer_from}", flush=True)
+    result = train_student(student, examples, plan.train_cfg, pad_id, device, use_teacher=not cfg.no_kd,
+                           log=run.log_metrics, epoch_end=epoch_end,
+                           validate=validate if val_ds is not None else None,
+                           checkpoint=run.path / "checkpoint" / "student.pt")
+    return student, scfg, emb_info, eval_ids, result
+
+
+def _evaluate(cfg: DistillConfig, plan: DistillPlan, student, teacher, tokenizer, teacher_spec: str,
+              eval_ids, teacher_eval: np.ndarray) -> dict[str, Any]:
+    """Student and teacher on the eval set (metrics, agreement) and their size: parameters and
+    FLOPs per example at the eval set's mean length; the report's two rows."""
+    spec, multilabel, eval_gold = plan.spec, plan.multilabel, _gold(plan.eval_ds)
+    student_logits = predict_student(student, eval_ids, (tokenizer.pad_token_id or 0), device=plan.device)
+    student_metrics = _score(spec.family, spec.metric, student_logits, eval_gold)
+    teacher_metrics = _score(spec.family, spec.metric, teacher_eval, eval_gold)
+    fidelity = teacher_agreement(student_logits, teacher_eval, eval_gold, multilabel)
+    seq_len = max(1, round(float(np.mean([len(x) for x in eval_ids]))))
+    ids = flops_input_ids(tokenizer, seq_len)
+    student.cpu()
+    teacher.cpu()
+    s_flops, s_src = measure_flops(student, {"input_ids": ids}, student.flops_per_example(seq_len))
+    t_flops, t_src = measure_flops(
+        teacher, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        bert_flops_formula(teacher.config, seq_len, len(plan.labels)))
+    t_params = sum(p.numel() for p in teacher.parameters())
+    s_params = student.num_parameters()
+    rows = [
+        {"model": f"teacher ({Path(teacher_spec).name if not plan.finetune_first else cfg.teacher})",
+         "score": teacher_metrics["score"], "params": t_params, "flops": t_flops,
+         "flops_ratio": 1.0},
+        {"model": f"{cfg.student} ({plan.mode})", "score": student_metrics["score"], "params": s_params,
+         "flops": s_flops, "flops_ratio": t_flops / max(s_flops, 1)},
+    ]
+    return {"student": student_metrics, "teacher": teacher_metrics, "fidelity": fidelity,
+            "seq_len": seq_len, "rows": rows, "params": {"teacher": t_params, "student": s_params},
+            "flops": (t_flops, s_flops), "flops_sources": (t_src, s_src)}
+
+
+def _summary(cfg: DistillConfig, plan: DistillPlan, teacher_spec: str, scfg, emb_info,
+             transfer: TransferSet, logits: TeacherLogits, evaluation: dict[str, Any], result: dict[str, Any],
+             seconds: dict[str, float]) -> dict[str, Any]:
+    """``summary.json`` of a distill run."""
+    t_flops, s_flops = evaluation["flops"]
+    t_src, s_src = evaluation["flops_sources"]
+    val_ds, train_cfg = plan.val_ds, plan.train_cfg
+    return {
+        "command": "distill", "task": plan.spec.name, "metric": plan.spec.metric, "student": cfg.student,
+        "mode": plan.mode, "teacher": teacher_spec, "teacher_finetuned_here": plan.finetune_first,
+        "kd_loss": None if cfg.no_kd else kd_loss_name(plan.multilabel, cfg.kd_loss),
+        "kd_lambda": train_cfg.kd_lambda,
+        "temperature": cfg.temperature, "lr": train_cfg.lr, "weight_decay": train_cfg.weight_decay,
+        "lr_schedule": train_cfg.lr_schedule, "student_config": to_dict(scfg),
+        "embeddings": emb_info,
+        "train_examples": len(plan.train_ds), "augmented_examples": 0 if cfg.no_kd else transfer.augmented,
+        "unlabeled_examples": len(plan.unlabeled_ds),
+        "eval_examples": len(plan.eval_ds),
+        "teacher_logits": {"transfer": logits.transfer_from, "eval": logits.eval_from},
+        "teacher_eval": evaluation["teacher"], "student_eval": evaluation["student"],
+        "teacher_agreement": evaluation["fidelity"],
+        "params": evaluation["params"],
+        "flops_per_example": {"teacher": t_flops, "student": s_flops, "seq_len": evaluation["seq_len"],
+                              "seq_len_from": "the mean token length of the eval set",
+                              "teacher_source": t_src, "student_source": s_src,
+                              "unit": "FLOPs = 2 x multiply-adds, dense, batch 1",
+                              "teacher_over_student": round(t_flops / max(s_flops, 1), 2)},
+        "seconds": seconds,
+        "steps": result["steps"], "epochs": cfg.epochs,
+        "model_selection": (
+            {"rule": "best epoch on held-out training examples", "val_fraction": cfg.val_fraction,
+             "val_examples": len(val_ds), "val_scores": result["val_scores"],
+             "selected_epoch": result["selected_epoch"]}
+            if val_ds is not None else {"rule": "last epoch"}),
+    }

@@ -1,6 +1,7 @@
 """``compress export``: a model to ONNX with parity checks, optionally fused, in half precision
-or int8, and scored on a task's dev set with onnxruntime. The blocks are in
-``compress.export.onnx``; this recipe chains them and writes the file and its report atomically."""
+or int8, and scored on a task's dev set with onnxruntime. The blocks are in ``compress.export``
+(loading, inputs, onnx, optimize, precision, quantize); this recipe chains them and writes the
+file and its report atomically."""
 
 from __future__ import annotations
 
@@ -15,28 +16,17 @@ import numpy as np
 
 from compress.config import check_choice, check_range, option, to_dict
 from compress.errors import ModelError, UsageError
-from compress.export.onnx import (
-    DEFAULT_SHAPES,
-    FP32_ATOL,
-    INT8_ATOL,
-    PRECISION_CHOICES,
-    QUANTIZE_CHOICES,
-    LoadedModel,
+from compress.export.inputs import DEFAULT_SHAPES, parse_shapes
+from compress.export.loading import LoadedModel, load_torch_model
+from compress.export.onnx import check_parity, export_onnx
+from compress.export.optimize import (
     attention_executions,
     attention_shape,
-    check_parity,
-    convert_to_half,
-    export_onnx,
     fusion_summary,
-    half_parity,
-    half_session_error,
-    load_torch_model,
-    onnx_checker,
     optimize_onnx,
     optimizer_model_type,
-    parse_shapes,
-    quantize_int8,
 )
+from compress.export.precision import PRECISION_CHOICES, PRECISIONS, QUANTIZE_CHOICES, half_session_error
 from compress.tasks import task_choices
 
 
@@ -54,11 +44,15 @@ class ExportConfig:
     precision: str = option("fp32", choices=PRECISION_CHOICES,
                             help="fp32, or fp16/bf16: optimized (fused) first, then converted; "
                                  "float32 inputs and outputs, its own parity tolerance")
-    atol: float = option(FP32_ATOL, help="fp32 parity tolerance (max absolute difference of logits)")
-    int8_atol: float = option(INT8_ATOL, help="int8 parity tolerance (max absolute difference of "
-                                              "logits)")
+    atol: float = option(PRECISIONS["fp32"].atol,
+                         help="fp32 parity tolerance (max absolute difference of logits)")
+    int8_atol: float = option(PRECISIONS["int8"].atol,
+                              help="int8 parity tolerance (max absolute difference of logits)")
     half_atol: float | None = option(None, help="fp16/bf16 parity tolerance (max absolute difference "
-                                                "of logits; unset: 0.05 for fp16, 0.4 for bf16)")
+                                                "of logits; unset: "
+                                                + ", ".join(f"{PRECISIONS[n].atol:g} for {n}"
+                                                            for n in PRECISION_CHOICES if n != "fp32")
+                                                + ")")
     shapes: str = option(",".join(f"{b}x{n}" for b, n in DEFAULT_SHAPES),
                          help="BATCHxLENGTH shapes the parity check runs on")
     opset: int = option(17, help="ONNX opset version of the export")
@@ -96,6 +90,21 @@ class ExportConfig:
         parse_shapes(self.shapes)
         if self.eval_limit is not None and self.eval_limit < 1:
             raise UsageError(f"--eval-limit must be >= 1, got {self.eval_limit}")
+
+    @property
+    def target(self) -> str:
+        """The precision written (a ``PRECISIONS`` name): --quantize's, else --precision's."""
+        return self.quantize or self.precision
+
+    @property
+    def target_atol(self) -> float:
+        """The parity tolerance of the written precision: --atol, --int8-atol or --half-atol (unset:
+        the precision's own)."""
+        if self.quantize is not None:
+            return self.int8_atol
+        if self.precision == "fp32":
+            return self.atol
+        return self.half_atol if self.half_atol is not None else PRECISIONS[self.precision].atol
 
 
 def warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -160,48 +169,10 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
                                       "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
             fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
             report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
-            final = fp32
-            if cfg.optimize or cfg.precision != "fp32":  # half precision: fuse first, then convert
-                model_type, why = optimizer_model_type(loaded)
-                report["optimizer_model_type"] = model_type
-                fused: dict[str, int] = {}
-                if model_type is not None:
-                    heads, hidden = attention_shape(loaded)
-                    fused = optimize_onnx(fp32, tmp / "optimized.onnx", heads, hidden,
-                                          model_type=model_type)
-                    report["parity_optimized"] = check_parity(loaded, tmp / "optimized.onnx", shapes,
-                                                              cfg.atol, provider, "optimized fp32")
-                    final = tmp / "optimized.onnx"
-                report["fused_ops"] = fused
-                report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
-            fp32_final = final
-            if cfg.precision != "fp32":
-                half = tmp / f"{cfg.precision}.onnx"
-                report["half"] = convert_to_half(final, half, cfg.precision)
-                onnx_checker(half)
-                report[f"parity_{cfg.precision}"] = half_parity(loaded, half, cfg.precision, shapes,
-                                                                cfg.half_atol, provider)
-                final = half
-            if cfg.quantize == "int8":
-                q = quantize_int8(final, tmp / "int8.onnx", per_channel=cfg.per_channel)
-                report["parity_int8"] = check_parity(loaded, q, shapes, cfg.int8_atol, provider, "int8")
-                report["int8_tolerance_note"] = (f"int8 parity uses an absolute tolerance of "
-                                                 f"{cfg.int8_atol:g} on logits (dynamic quantization "
-                                                 "rounds activations)")
-                final = q
+            fp32_final = _optimized(cfg, loaded, fp32, shapes, provider, report)
+            final = _converted(cfg, loaded, fp32_final, shapes, provider, report)
             if task_data is not None:
-                spec, data = task_data
-                tok = tokenizer_for(loaded)
-                max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
-                if cfg.precision != "fp32":
-                    acc = half_accuracy(fp32_final, final, cfg.precision, tok, spec, data["eval"], max_len,
-                                        provider)
-                else:
-                    acc = {"fp32": ort_accuracy(fp32_final, tok, spec, data["eval"], max_len,
-                                                provider=provider)}
-                if cfg.quantize == "int8":
-                    acc["int8"] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
-                report["accuracy"] = {"task": spec.name, "metric": spec.metric, **acc}
+                report["accuracy"] = _task_accuracy(cfg, loaded, fp32_final, final, task_data, provider)
             shutil.move(str(final), dst)
             report["file"] = str(dst)
             report["bytes"] = dst.stat().st_size
@@ -213,6 +184,60 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+def _optimized(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, shapes, provider: str,
+               report: dict[str, Any]) -> Path:
+    """The fp32 graph the conversion starts from: fused by onnxruntime's optimizer (with its own
+    parity check) under --optimize or for a precision that fuses first, where a fusion applies."""
+    if not (cfg.optimize or PRECISIONS[cfg.target].fuse_first):
+        return fp32
+    model_type, why = optimizer_model_type(loaded)
+    report["optimizer_model_type"] = model_type
+    fused: dict[str, int] = {}
+    final = fp32
+    if model_type is not None:
+        heads, hidden = attention_shape(loaded)
+        final = fp32.parent / "optimized.onnx"
+        fused = optimize_onnx(fp32, final, heads, hidden, model_type=model_type)
+        report["parity_optimized"] = check_parity(loaded, final, shapes, cfg.atol, provider,
+                                                  "optimized fp32")
+    report["fused_ops"] = fused
+    report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
+    return final
+
+
+def _converted(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, shapes, provider: str,
+               report: dict[str, Any]) -> Path:
+    """``fp32`` converted to the target precision (``PRECISIONS``) and parity-checked; fp32 as is."""
+    target = PRECISIONS[cfg.target]
+    if target.name == "fp32":
+        return fp32
+    out = fp32.parent / f"{target.name}.onnx"
+    summary = target.convert(fp32, out, per_channel=cfg.per_channel)
+    if target.summary_key is not None:
+        report[target.summary_key] = summary
+    atol = cfg.target_atol
+    report[f"parity_{target.name}"] = target.check(loaded, out, shapes, atol, provider)
+    if target.tolerance_note is not None:
+        report[f"{target.name}_tolerance_note"] = target.tolerance_note.format(atol=atol)
+    return out
+
+
+def _task_accuracy(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, final: Path, task_data,
+                   provider: str) -> dict[str, Any]:
+    """The dev-set metric of the fp32 graph and of the converted one (half precision: with the
+    argmax agreement, or why the provider cannot run it)."""
+    spec, data = task_data
+    tok = tokenizer_for(loaded)
+    max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
+    if cfg.precision != "fp32":
+        acc = half_accuracy(fp32, final, cfg.precision, tok, spec, data["eval"], max_len, provider)
+    else:
+        acc = {"fp32": ort_accuracy(fp32, tok, spec, data["eval"], max_len, provider=provider)}
+    if cfg.quantize is not None:
+        acc[cfg.quantize] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
+    return {"task": spec.name, "metric": spec.metric, **acc}
 
 
 # Task accuracy of the exported graphs: the evaluation loop of ``compress eval`` on an onnxruntime

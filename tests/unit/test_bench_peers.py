@@ -10,13 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from compress.export.onnx import (
-    LoadedModel,
-    convert_to_half,
-    export_onnx,
-    load_torch_model,
-    optimize_onnx,
-)
+from compress.export.loading import LoadedModel, load_torch_model
+from compress.export.onnx import export_onnx
+from compress.export.optimize import optimize_onnx
+from compress.export.precision import convert_to_half
 from compress.recipes.bench import (
     PEER_ATOL,
     RUNTIMES,
@@ -160,7 +157,7 @@ def test_torch_sparse_peer_is_skipped_with_its_reason_on_a_cpu(tiny_bert):
 def test_torch_sparse_peer_runs_a_two_four_model_on_the_gpu():
     from transformers import BertConfig, BertForSequenceClassification
 
-    from compress.export.onnx import LoadedModel as LM
+    from compress.export.loading import LoadedModel as LM
     from compress.recipes.bench import semi_structured_unavailable, two_four_linears
 
     if semi_structured_unavailable("cuda"):

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from compress.evaluation import evaluate, torch_logits_fn
-from compress.export.onnx import LoadedModel, declared_inputs, export_onnx
+from compress.export.inputs import declared_inputs
+from compress.export.loading import LoadedModel
+from compress.export.onnx import export_onnx
 from compress.models import load_classifier
 from compress.recipes.export import ort_accuracy
 from compress.recipes.finetune import TaskDataConfig, load_task_data

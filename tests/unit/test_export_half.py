@@ -12,16 +12,10 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 from compress.errors import UsageError
-from compress.export.onnx import (
-    BF16_ATOL,
-    FP16_ATOL,
-    check_parity,
-    convert_to_half,
-    export_onnx,
-    load_torch_model,
-    optimize_onnx,
-    wrap_module,
-)
+from compress.export.loading import load_torch_model, wrap_module
+from compress.export.onnx import check_parity, export_onnx
+from compress.export.optimize import optimize_onnx
+from compress.export.precision import BF16_ATOL, FP16_ATOL, convert_to_half
 from compress.recipes.export import ExportConfig, run_export
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -220,7 +214,7 @@ def test_precision_is_a_documented_cli_option(capsys):
 def test_half_exports_run_on_onnxruntime_cuda_within_tolerance(tiny_bert, tmp_path, precision):
     """On a GPU the check really runs half-precision kernels; a bf16 node without a CUDA kernel fails
     here (the session refuses it) rather than being skipped."""
-    from compress.export.onnx import half_session_error
+    from compress.export.precision import half_session_error
 
     path = tmp_path / f"{precision}.onnx"
     cfg = ExportConfig(model=str(tiny_bert), to=str(path), precision=precision, provider="cuda")

@@ -9,22 +9,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compress.errors import ModelError, ParityError, UsageError
-from compress.export.onnx import (
-    FP32_ATOL,
-    INT8_ATOL,
+from compress.export.loading import load_torch_model, wrap_module
+from compress.export.onnx import FP32_ATOL, check_parity, export_onnx
+from compress.export.optimize import (
     attention_executions,
     attention_shape,
-    check_parity,
-    export_onnx,
     fusion_summary,
-    load_torch_model,
     optimize_onnx,
     optimizer_model_type,
     order_residual_adds,
-    quantize_int8,
-    wrap_module,
 )
 from compress.export.ort import OrtModel, resolve_provider, session_providers
+from compress.export.quantize import INT8_ATOL, quantize_int8
 from compress.measure.params import count_params, onnx_initializer_stats
 from compress.recipes.export import ExportConfig, run_export
 from tests.tiny_encoders import ARCHITECTURES
@@ -196,7 +192,7 @@ def test_ort_model_disables_the_fusion_on_cpu(tiny_bert, tmp_path, monkeypatch):
 def test_structured_pruned_bert_exports_with_fusion(tmp_path):
     from transformers import BertConfig, BertForSequenceClassification
 
-    from compress.export.onnx import attention_shape
+    from compress.export.optimize import attention_shape
     from compress.pruning.structured import prune_structured
 
     torch.manual_seed(0)
@@ -456,12 +452,12 @@ def test_residual_adds_are_ordered_for_the_attention_matcher(tiny_encoder, tmp_p
     """ALBERT adds residual + attention output (BERT the other way round); onnxruntime's matcher
     then misses its first layer, whose residual is the embedding projection's Add. Swapping the
     operands leaves the sum, and the parity, as they were."""
-    import compress.export.onnx as onnx_export
+    import compress.export.optimize as optimize_module
 
     loaded = load_torch_model(str(tiny_encoder("albert")))
     path = export_onnx(loaded, tmp_path / "albert.onnx")
     with monkeypatch.context() as m:
-        m.setattr(onnx_export, "order_residual_adds", lambda p: 0)
+        m.setattr(optimize_module, "order_residual_adds", lambda p: 0)
         unordered = optimize_onnx(path, tmp_path / "unordered.onnx", *attention_shape(loaded))
     assert unordered["Attention"] == 1  # what onnxruntime fuses of the graph as exported
     assert optimize_onnx(path, tmp_path / "ordered.onnx", *attention_shape(loaded))["Attention"] == 2
@@ -473,7 +469,7 @@ def test_residual_adds_are_ordered_for_the_attention_matcher(tiny_encoder, tmp_p
 
 
 def test_default_parity_shapes_reach_lengths_one_and_three():
-    from compress.export.onnx import DEFAULT_SHAPES
+    from compress.export.inputs import DEFAULT_SHAPES
 
     lengths = {n for _, n in DEFAULT_SHAPES}
     assert {1, 3} <= lengths and max(lengths) > 16  # shorter and longer than the traced length 16

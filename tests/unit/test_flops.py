@@ -177,7 +177,7 @@ def _tiny_classifier(arch: str, attn: str | None):
 
 
 def _inputs(model, length: int) -> dict[str, torch.Tensor]:
-    from compress.export.onnx import declared_inputs
+    from compress.export.inputs import declared_inputs
 
     ids = torch.randint(5, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
     all_inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
