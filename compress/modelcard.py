@@ -218,7 +218,7 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
         lines.append("Not measured (no role table for this architecture, or its heads do not fit one).")
     lines += ["", f"## FLOPs per example (sequence length {seq_len})", ""]
     if flops:
-        from compress.measure.report import format_flops
+        from compress.measure.verdict import format_flops
 
         lines += [f"- dense: {format_flops(flops['dense_flops'])} ({flops['dense_macs']:,} MACs)",
                   f"- effective: {format_flops(flops['effective_flops'])} (MACs with a zero weight not "

@@ -14,7 +14,7 @@ def measure_spec(spec: str, seq_len: int, runtime: str = "onnxruntime CPU") -> d
     """Measure what ``compress measure`` takes: a model, run or student folder, 'minilm', or an
     .onnx file (parameters, sparsity and size only: FLOPs are counted on the PyTorch model)."""
     from compress.export.loading import is_onnx_file, load_torch_model
-    from compress.measure.report import disk_sizes
+    from compress.measure.verdict import disk_sizes
 
     if is_onnx_file(spec):
         return measure_onnx(Path(spec), runtime)
@@ -48,7 +48,7 @@ def weights_location(loaded_path: str | None) -> Path | None:
 def measure_onnx(path: Path, runtime: str = "onnxruntime CPU") -> dict[str, Any]:
     """Parameters and sparsity of an ONNX file's initializers, its int8-ness and size."""
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import disk_sizes, is_structured_source, read_export_report, speed_verdict
+    from compress.measure.verdict import disk_sizes, is_structured_source, read_export_report, speed_verdict
 
     if not path.is_file():
         raise ModelError(f"ONNX file not found: {path}")
@@ -84,7 +84,7 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
     from compress.export.inputs import example_inputs
     from compress.measure.flops import count_flops
     from compress.measure.params import count_params
-    from compress.measure.report import speed_verdict
+    from compress.measure.verdict import speed_verdict
 
     model = loaded.model
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -117,7 +117,7 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
                                       structured=structured, distilled=loaded.kind == "student",
                                       runtime=runtime, pattern=pattern["pattern"] if pattern else None)
     if pattern:
-        from compress.measure.report import local_cuda_capability, semi_structured_verdict
+        from compress.measure.verdict import local_cuda_capability, semi_structured_verdict
 
         capability, device = local_cuda_capability()
         result["verdict"]["semi_structured"] = semi_structured_verdict(

@@ -18,7 +18,7 @@ weights and writes ``auto_map`` into ``config.json``, the Hugging Face custom-co
 installed. Importing it registers nothing; ``register_auto_classes()`` does (the project calls it
 through ``compress.models.register_model_types``).
 
-``LAYOUTS`` repeats, for the module paths only, the role table of ``compress.architectures`` (a
+``MODULE_PATHS`` repeats, for the module paths only, the role table of ``compress.architectures`` (a
 test keeps the two equal).
 """
 
@@ -65,7 +65,7 @@ _BERT = PrunedLayout(
     {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
      "attn_out": "attention.output.dense", "ffn_in": "intermediate.dense", "ffn_out": "output.dense"},
     "attention.self", {"num_attention_heads": "heads", "all_head_size": "width"})
-LAYOUTS = {
+MODULE_PATHS = {
     "bert": _BERT, "roberta": _BERT, "xlm-roberta": _BERT, "camembert": _BERT, "electra": _BERT,
     "distilbert": PrunedLayout(
         r"transformer\.layer\.(\d+)",
@@ -102,7 +102,7 @@ def base_model_type(model_type: str) -> str:
 
 def head_dim_of(config) -> int:
     """Head size of the unpruned architecture (pruning removes whole heads, never head dims)."""
-    layout = LAYOUTS[base_model_type(config.model_type)]
+    layout = MODULE_PATHS[base_model_type(config.model_type)]
     heads = getattr(config, layout.heads_config)
     hidden = getattr(config, "hidden_size", None) or config.dim
     return getattr(config, "attention_head_size", None) or hidden // heads
@@ -136,7 +136,7 @@ def set_head_attrs(attention: nn.Module, layout: PrunedLayout, heads: int, head_
 def resize_pruned_layers(base_model: nn.Module, config) -> None:
     """Rebuild each layer's role Linears at the sizes in ``config.layer_heads`` /
     ``config.layer_intermediate`` (new, uninitialised weights: ``from_pretrained`` loads them)."""
-    layout = LAYOUTS[base_model_type(config.model_type)]
+    layout = MODULE_PATHS[base_model_type(config.model_type)]
     layers = find_layers(base_model, layout)
     head_dim = head_dim_of(config)
     for field in ("layer_heads", "layer_intermediate"):
@@ -248,5 +248,5 @@ def register_auto_classes() -> None:
                 getattr(transformers, auto).register(config_class, cls, exist_ok=True)
 
 
-__all__ = ["LAYOUTS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "register_auto_classes", "resize_pruned_layers",
-           "write_remote_code"]
+__all__ = ["MODULE_PATHS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "register_auto_classes",
+           "resize_pruned_layers", "write_remote_code"]

@@ -120,7 +120,7 @@ def _flops_source(path: str) -> str | None:
     """The PyTorch model an ONNX file was exported from (its ``compress export`` report), if that
     model can still be found from here; else None (no GFLOP/s for that file)."""
     from compress.errors import ModelError
-    from compress.measure.report import read_export_report
+    from compress.measure.verdict import read_export_report
 
     report = read_export_report(path) or {}
     try:
@@ -183,7 +183,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Time every model/runtime on the grid; write ``bench.json`` in a run folder; return the results."""
     from compress.export.loading import is_onnx_file
     from compress.measure.latency import matmul_peak_gflops
-    from compress.measure.report import cpu_has_avx2, cpu_vnni_flags
+    from compress.measure.verdict import cpu_has_avx2, cpu_vnni_flags
     from compress.runs import RunDir, write_json
 
     entries = [parse_entry(m) for m in cfg.models]
@@ -232,7 +232,7 @@ def _onnx_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup
     """An .onnx file: timed in onnxruntime only, its row named by its precision (``PRECISIONS``)."""
     from compress.export.ort import OrtModel
     from compress.measure.params import onnx_initializer_stats
-    from compress.measure.report import exported_kind, is_structured_source, speed_verdict
+    from compress.measure.verdict import exported_kind, is_structured_source, speed_verdict
 
     sess = OrtModel(path, provider=setup.provider, threads=cfg.threads or setup.threads)
     stats = onnx_initializer_stats(path)
@@ -257,7 +257,7 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     from compress.export.loading import load_torch_model
     from compress.export.onnx import check_parity, export_onnx
     from compress.export.ort import OrtModel
-    from compress.measure.report import speed_verdict
+    from compress.measure.verdict import speed_verdict
 
     device = setup.device
     loaded = load_torch_model(path, attn_implementation=None)

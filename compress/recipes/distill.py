@@ -17,6 +17,7 @@ import torch
 
 from compress.config import check_choice, check_range, option, option_like, to_dict
 from compress.distill.augment import OPERATORS, AugmentConfig, augment_texts, require_nltk_data
+from compress.distill.comparison import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.embeddings import (
     check_embed_dim,
     check_embedding_spec,
@@ -32,7 +33,6 @@ from compress.distill.losses import (
     default_kd_lambda,
     kd_loss_name,
 )
-from compress.distill.report import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.teacher import (
     CACHE_DIR,
     cached_logits,

@@ -32,7 +32,7 @@ def _fmt_int(n: int | None) -> str:
 
 def format_measure(r: dict[str, Any]) -> str:
     """The human-readable report printed by ``compress measure``."""
-    from compress.measure.report import format_flops
+    from compress.measure.verdict import format_flops
 
     p = r["params"]
     if r["kind"] == "onnx":

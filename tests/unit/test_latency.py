@@ -15,7 +15,7 @@ from compress.measure.latency import (
     percentile,
 )
 from compress.measure.params import count_params
-from compress.measure.report import (
+from compress.measure.verdict import (
     cpu_has_avx2,
     cpu_vnni_flags,
     disk_sizes,

@@ -153,8 +153,8 @@ def test_sparsity_report_detects_two_four_and_the_verdict_per_device():
     from transformers import BertConfig, BertModel
 
     from compress.api import prune_model
-    from compress.measure.report import semi_structured_verdict
     from compress.measure.sparsity import format_sparsity_table, sparsity_report
+    from compress.measure.verdict import semi_structured_verdict
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,

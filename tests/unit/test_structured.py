@@ -318,7 +318,7 @@ def test_loader_table_matches_the_role_table():
     # modeling_pruned must stay self-contained, so it repeats the module paths of the role table
     for layout in LAYOUTS.values():
         for model_type in layout.model_types:
-            mine = modeling_pruned.LAYOUTS[model_type]
+            mine = modeling_pruned.MODULE_PATHS[model_type]
             fields = ("layers", "roles", "attention", "head_attrs", "heads_config", "glu")
             assert [getattr(mine, f) for f in fields] == [getattr(layout, f) for f in fields], model_type
             assert model_type in modeling_pruned.PRUNED_CLASSES

@@ -50,7 +50,7 @@ def measure_flops(model: torch.nn.Module, inputs: dict[str, torch.Tensor], formu
 def format_table(rows: list[dict[str, Any]], metric: str, seq_len: int) -> str:
     """A fixed-width table: model, metric, parameters, FLOPs/example (in the unit that fits) and
     FLOPs ratio to the teacher, then a line saying the length the FLOPs were counted at."""
-    from compress.measure.report import format_flops
+    from compress.measure.verdict import format_flops
 
     head = f"{'model':<28} {metric:>9} {'params':>12} {'FLOPs/example':>15} {'teacher/model':>14}"
     lines = [head, "-" * len(head)]
