@@ -221,7 +221,8 @@ def test_sst2_finetune_of_pruned_model_keeps_pattern(pruned_run, tmp_path, share
     (["--stage", "pretrain", "--corpus", "NOTEXTDIR"], 1, "has no text files"),
     (["--stage", "pretrain", "--corpus", "/nonexistent/corpus.txt"], 1, "corpus not found"),
     (["--prune-steps", "2", "--prune-every", "3", "--max-steps", "4"], 2, "--prune-every (3)"),
-    (["--recovery-steps", "3"], 2, "--recovery-steps applies to --stage after-finetune only"),
+    (["--recovery-steps", "3"], 2,
+     "--recovery-steps applies to --stage after-finetune and post-training only"),
 ])
 def test_bad_input_one_line_no_run_folder(tiny_bert, tmp_path, args, code, needle):
     (tmp_path / "empty.txt").write_text("\n\n")

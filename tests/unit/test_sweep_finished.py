@@ -52,6 +52,9 @@ class _RayLikeBackend:
     def __init__(self, runner: str | None):
         self.runner, self.ended = runner, []
 
+    def prepare(self, sweep_dir: Path) -> None:
+        pass
+
     def describe(self) -> str:
         return "Ray stand-in: 1 node(s)"
 
@@ -82,7 +85,7 @@ def backend(request, monkeypatch) -> str:
     if request.param == "ray":
         monkeypatch.setattr(sweep_recipe, "import_ray", lambda: None)  # the input check: Ray not needed
         monkeypatch.setattr(sweep_recipe, "make_backend",
-                            lambda backend, sweep_dir, jobs, runner, *rest: _RayLikeBackend(runner))
+                            lambda backend, jobs, runner, *rest: _RayLikeBackend(runner))
     return request.param
 
 
