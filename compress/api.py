@@ -144,7 +144,6 @@ def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "ma
         return pruner.finalize()
     from compress.pruning.calibration import prune_calibrated
     from compress.pruning.masks import NMPattern
-    from compress.pruning.pruner import check_pattern_fits
 
     check.check_module("model", model)
     check.check_real("sparsity", sparsity, 0, 1)
@@ -155,8 +154,6 @@ def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "ma
                          "return_tensors='pt')]")
     targets = prunable_targets(model, include, exclude)
     nm = NMPattern.parse(pattern) if pattern else None
-    if nm is not None:
-        check_pattern_fits(nm, targets, criterion, scope)
     masks, _ = prune_calibrated(model, targets, [dict(b) for b in calibration], criterion, sparsity,
                                 scope, nm, initial_masks, seed=seed)
     return masks

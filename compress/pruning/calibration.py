@@ -36,7 +36,8 @@ from compress.architectures import encoder_layers, layout_for
 from compress.config import check_sparsity
 from compress.errors import UsageError
 from compress.pruning.criteria import Criterion, LayerStats, unstructured
-from compress.pruning.masks import NMPattern, keep_mask_flat, n_pruned, nm_mask
+from compress.pruning.masks import NMPattern, get_scope, keep_mask_flat, n_pruned, nm_mask
+from compress.pruning.pruner import check_pattern_fits
 from compress.pruning.sparsegpt import sparsegpt_prune
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
@@ -168,13 +169,10 @@ def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Paramet
     sparsity (and SparseGPT's estimated error), the calibration tokens, seconds and peak memory.
     ``initial_masks`` (True = kept) stay pruned. The model is left in the train/eval mode it had."""
     crit = unstructured(criterion)
-    if scope not in ("local", "global"):
-        raise UsageError(f"unknown scope '{scope}'; choose one of: local, global")
-    if pattern is not None:
+    get_scope(scope)
+    if pattern is not None:  # the pattern checks of the training-time pruner: scope, shapes
+        check_pattern_fits(pattern, targets, criterion, scope)
         sparsity = pattern.sparsity
-        if scope != "local":
-            raise UsageError(f"--pattern {pattern} prunes every group of every matrix alike; drop "
-                             f"--scope '{scope}'")
     check_sparsity(sparsity)
     if crit.data_aware and not batches:
         raise UsageError(f"criterion '{criterion}' needs calibration batches; got none")
