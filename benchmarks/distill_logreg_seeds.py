@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compress.analysis import paired_comparison  # noqa: E402
+from compress.core.runs import artifacts_root, environment, write_json  # noqa: E402
 from compress.distill.augment import OPERATORS, AugmentConfig  # noqa: E402
-from compress.models import load_tokenizer  # noqa: E402
+from compress.models.loading import load_tokenizer  # noqa: E402
 from compress.recipes.distill import DistillConfig, run_distill  # noqa: E402
 from compress.recipes.finetune import load_task_data  # noqa: E402
-from compress.runs import artifacts_root, environment, write_json  # noqa: E402
+from compress.report.analysis import paired_comparison  # noqa: E402
 
 
 def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[str, float]]:

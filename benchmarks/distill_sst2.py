@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from compress.core.runs import artifacts_root, environment, write_json  # noqa: E402
 from compress.recipes.distill import DistillConfig, run_distill  # noqa: E402
 from compress.recipes.finetune import FinetuneConfig, run_finetune  # noqa: E402
-from compress.runs import artifacts_root, environment, write_json  # noqa: E402
 from students.registry import STUDENTS  # noqa: E402
 
 # The students' own defaults, which differ between single- and multi-label tasks (logreg).

@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from compress.errors import CompressError
+    from compress.core.errors import CompressError
 
     args = parse_args(argv)
     try:
@@ -104,7 +104,7 @@ def _export(name: str, model: str, work: Path, args, optimize: bool, int8: bool,
 def _make_structured(src: str, sparsity: float, folder: Path) -> dict:
     from transformers import AutoModelForSequenceClassification
 
-    from compress.models import load_tokenizer, read_meta, resolve_model
+    from compress.models.loading import load_tokenizer, read_meta, resolve_model
     from compress.pruning.structured import prune_structured
     from compress.recipes.saving import save_model
 
@@ -118,7 +118,7 @@ def _make_structured(src: str, sparsity: float, folder: Path) -> dict:
 
 
 def _has_labels(spec: str) -> bool:
-    from compress.models import read_meta, resolve_model
+    from compress.models.loading import read_meta, resolve_model
 
     p = Path(spec)
     if (p / "student.json").is_file() or (p / "student" / "student.json").is_file():
@@ -127,7 +127,7 @@ def _has_labels(spec: str) -> bool:
 
 
 def run(args) -> int:
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
     from compress.recipes.bench import BenchConfig, BenchOptions, format_bench, run_bench
 
     try:

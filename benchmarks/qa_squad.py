@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from compress.core.runs import artifacts_root, environment  # noqa: E402
 from compress.recipes.finetune import FinetuneConfig, run_finetune  # noqa: E402
-from compress.runs import artifacts_root, environment  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from compress.core.runs import artifacts_root, environment  # noqa: E402
 from compress.recipes.finetune import FinetuneConfig, run_finetune  # noqa: E402
 from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill  # noqa: E402
 from compress.recipes.retrieval import bm25_metrics, dual_encoder_metrics, load_reqa_data  # noqa: E402
 from compress.retrieval.dual_encoder import load_dual_encoder  # noqa: E402
-from compress.runs import artifacts_root, environment  # noqa: E402
 
 SYSTEMS = ("bm25", "zero-shot", "dual-encoder", "mined")
 

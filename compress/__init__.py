@@ -17,18 +17,18 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from compress.version import __version__  # noqa: F401 - re-exported
+from compress.core.version import __version__  # noqa: F401 - re-exported
 
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {
-    "make_pruner": "compress.api",
-    "prune_model": "compress.api",
-    "prunable_targets": "compress.api",
-    "save_model": "compress.api",
-    "verify_masks": "compress.api",
-    "kd_loss": "compress.api",
-    "measure_model": "compress.api",
-    "export_onnx": "compress.api",
+    "make_pruner": "compress.api.functions",
+    "prune_model": "compress.api.functions",
+    "prunable_targets": "compress.api.functions",
+    "save_model": "compress.api.functions",
+    "verify_masks": "compress.api.functions",
+    "kd_loss": "compress.api.functions",
+    "measure_model": "compress.api.functions",
+    "export_onnx": "compress.api.functions",
     "PruningCallback": "compress.integrations.hf_trainer",
     "DistillationTrainer": "compress.integrations.hf_trainer",
     "ScheduledPruner": "compress.pruning.pruner",
@@ -38,14 +38,14 @@ _PUBLIC: dict[str, str] = {
     "GradualSchedule": "compress.pruning.schedules",
     "sparsity_report": "compress.measure.sparsity",
     "format_sparsity_table": "compress.measure.sparsity",
-    "write_model_card": "compress.modelcard",
-    "CompressError": "compress.errors",
-    "UsageError": "compress.errors",
-    "DataError": "compress.errors",
-    "ModelError": "compress.errors",
-    "IntegrityError": "compress.errors",
-    "ParityError": "compress.errors",
-    "TrainingDivergedError": "compress.errors",
+    "write_model_card": "compress.report.modelcard",
+    "CompressError": "compress.core.errors",
+    "UsageError": "compress.core.errors",
+    "DataError": "compress.core.errors",
+    "ModelError": "compress.core.errors",
+    "IntegrityError": "compress.core.errors",
+    "ParityError": "compress.core.errors",
+    "TrainingDivergedError": "compress.core.errors",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -66,6 +66,6 @@ def __dir__() -> list[str]:
 
 # Structured-pruned folders (model type compress_<type>) load with plain Auto*.from_pretrained once
 # compress is imported; registered when transformers is imported, so this import stays light.
-from compress import autoregister as _autoregister  # noqa: E402
+from compress.models import autoregister as _autoregister  # noqa: E402
 
 _autoregister.install()

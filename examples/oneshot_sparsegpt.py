@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     import compress
-    from compress.models import resolve_model
+    from compress.models.loading import resolve_model
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from sample_data import LABELS, read_sample

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     )
 
     import compress
-    from compress.models import resolve_model
+    from compress.models.loading import resolve_model
 
     torch.manual_seed(args.seed)
     t_path, s_path = resolve_model(args.teacher), resolve_model(args.student)

@@ -62,10 +62,10 @@ def main(argv=None) -> int:
     )
 
     import compress
-    from compress.metrics import compute_metrics
-    from compress.models import resolve_model
+    from compress.models.loading import resolve_model
     from compress.recipes.finetune import TaskDataConfig, load_task_data
-    from compress.training import encode
+    from compress.tasks.metrics import compute_metrics
+    from compress.training.loop import encode
 
     try:  # the task's train and dev splits, through the loaders `compress prune` uses
         spec, data = load_task_data(TaskDataConfig(task=args.task, data_dir=args.data_dir,

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.config import to_dict
-from compress.errors import UsageError
+from compress.core.config import to_dict
+from compress.core.errors import UsageError
+from compress.core.security import resolve_out, safe_run_name
 from compress.report import write_report
-from compress.security import resolve_out, safe_run_name
 
 try:  # loaded by path from ``compress run``: find stages.py beside this file
     from pipelines.stages import cli, json_stage, run_stage, top_level, write_manifest

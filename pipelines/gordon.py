@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.config import to_dict
+from compress.core.config import to_dict
 from compress.recipes.sweep import SweepConfig, run_sweep
 from compress.report import write_report
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compress.config import resolve_config
-from compress.errors import CompressError, UsageError
-from compress.runs import write_json, write_text_atomic
+from compress.core.config import resolve_config
+from compress.core.errors import CompressError, UsageError
+from compress.core.runs import write_json, write_text_atomic
 
 
 def section(values: dict[str, Any], name: str, cls: type):

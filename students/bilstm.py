@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from compress.config import check_choice, check_range
+from compress.core.config import check_choice, check_range
 from students.base import Student, StudentConfig, embed_with_dropout, padding_mask
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compress.config import check_range
+from compress.core.config import check_range
 from students.base import Student, StudentConfig, padding_mask
 
 

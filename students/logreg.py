@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compress.config import check_range
+from compress.core.config import check_range
 from students.base import Student, StudentConfig, padding_mask
 
 _PRIME = 1_000_003

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.config import resolve_config, to_dict
-from compress.errors import ModelError, UsageError
+from compress.core.config import resolve_config, to_dict
+from compress.core.errors import ModelError, UsageError
 from students.base import Student, StudentConfig
 from students.bilstm import BiLSTMConfig, BiLSTMStudent
 from students.kimcnn import KimCNNConfig, KimCNNStudent
@@ -132,7 +132,7 @@ def load_student(folder: str | Path) -> tuple[Student, dict[str, Any]]:
     info = json.loads((p / STUDENT_FILE).read_text(encoding="utf-8"))
     cfg = student_config(info["student"], info["config"])
     model = build_student(info["student"], cfg, int(info["vocab_size"]))
-    from compress.models import check_safetensors_file
+    from compress.models.loading import check_safetensors_file
 
     check_safetensors_file(p / WEIGHTS_FILE, "copy the run folder again, or re-run 'compress distill'")
     model.load_state_dict(load_file(str(p / WEIGHTS_FILE)))

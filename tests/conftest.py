@@ -50,7 +50,7 @@ def tiny_bert(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny_bert")
@@ -122,7 +122,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
 # or a student's epoch checkpoint), so the kill always lands mid-run however fast the machine runs.
 _PAUSE_AFTER_FIRST_CHECKPOINT = """
 import pathlib, sys, time
-import compress.training as training
+import compress.training.loop as training
 from compress.cli.main import main
 real_save, real_replace = training.save_checkpoint, pathlib.Path.replace
 def save_then_pause(*args, **kwargs):

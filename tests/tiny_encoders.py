@@ -75,7 +75,7 @@ def _unigram_tokenizer(cls_tok: str, sep_tok: str, pad_tok: str, unk_tok: str, m
 def _wordpiece_tokenizer():
     from transformers import AutoTokenizer
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     return AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
 

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from compress.config import explicit_fields, field_choices, load_yaml, resolve_config
+from compress.core.config import explicit_fields, field_choices, load_yaml, resolve_config
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -42,7 +42,7 @@ def _number(kind):
 
 
 def _help_for(f: dataclasses.Field, helps: dict[str, str], default: Any) -> str:
-    """The command's own text for the field, else the field's (``compress.config.option``); then
+    """The command's own text for the field, else the field's (``compress.core.config.option``); then
     its choices (read from the registries) and its default, each said once."""
     text = helps.get(f.name) or f.metadata.get("help", "")
     choices = field_choices(f)

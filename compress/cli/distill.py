@@ -1,8 +1,8 @@
 import dataclasses
 
 from compress.cli.common import add_config_args, config_from_args
-from compress.config import load_yaml
-from compress.errors import UsageError
+from compress.core.config import load_yaml
+from compress.core.errors import UsageError
 from compress.recipes.distill import DistillConfig, run_distill
 from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill
 

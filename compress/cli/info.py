@@ -10,7 +10,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    from compress.info import collect_info
+    from compress.recipes.info import collect_info
 
     info = collect_info()
     if args.json:

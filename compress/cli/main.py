@@ -10,7 +10,7 @@ import sys
 
 from compress import __version__
 from compress.cli.common import OneLineParser
-from compress.errors import CompressError
+from compress.core.errors import CompressError
 
 # name -> module; each module has HELP, EXAMPLES, add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, str] = {
@@ -64,7 +64,7 @@ def _raise_terminated(signum, frame) -> None:
 
 
 # Flags naming a model that a command loads: checked before any heavy import, so an unknown name
-# with no hub to ask answers in a second or two (compress.models.resolve_model).
+# with no hub to ask answers in a second or two (compress.models.loading.resolve_model).
 MODEL_FLAGS = {"finetune": ("model",), "eval": ("model",), "prune": ("model", "teacher"),
                "distill": ("teacher",)}
 
@@ -79,12 +79,12 @@ def check_model_flags(argv: list[str]) -> None:
     for name in MODEL_FLAGS[argv[0]]:
         pre.add_argument("--" + name)
     known, _ = pre.parse_known_args(argv[1:])
-    from compress.models import resolve_model
+    from compress.models.loading import resolve_model
 
     for name in MODEL_FLAGS[argv[0]]:
         value = getattr(known, name, None)
         if value is not None and not value.strip():  # a variable that expanded to nothing
-            from compress.errors import UsageError
+            from compress.core.errors import UsageError
 
             raise UsageError(f"--{name} {value!r} is empty; pass a model or run folder (or 'minilm'), "
                              f"or drop --{name}")
@@ -104,7 +104,7 @@ def check_sweep_address(argv: list[str]) -> None:
     pre.add_argument("--address")
     known, _ = pre.parse_known_args(argv[1:])
     if known.backend == "ray" and known.address is not None and known.address.strip():
-        from compress.sweep_backends import check_address
+        from compress.recipes.sweep_backends import check_address
 
         check_address(known.address)
 

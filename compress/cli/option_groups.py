@@ -1,6 +1,6 @@
 """The argument group of every config field the commands turn into flags, and their order.
 
-A field's help text and choices live on the field itself (``compress.config.option``, Hugging
+A field's help text and choices live on the field itself (``compress.core.config.option``, Hugging
 Face's ``field(metadata={"help": ..., "choices": ...})`` convention); a command's own ``HELPS`` may
 say it more precisely for that command. This module only places the flags: model and task first,
 then data, training, pruning, distillation, question answering, output.

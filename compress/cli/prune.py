@@ -2,7 +2,7 @@ import dataclasses
 import json
 
 from compress.cli.common import add_config_args, config_from_args, explicit_options
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig
 from compress.recipes.prune import PruneConfig, run_prune
@@ -104,7 +104,7 @@ def run(args):
     refuse_other_sparsity(cfg, args)
     refuse_ignored_options(cfg, explicit_options(PruneConfig, args))
     path = run_prune(cfg)
-    from compress.runs import launch_rank
+    from compress.core.runs import launch_rank
 
     if launch_rank()[0] > 0:  # a multi-process launch: rank 0 wrote the run folder and reports it
         return 0

@@ -1,4 +1,4 @@
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.report import write_report
 
 HELP = "write report.md with PNG plots and CSV tables for a sweep folder or a run folder"

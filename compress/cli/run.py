@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from compress.config import load_yaml
-from compress.errors import UsageError
+from compress.core.config import load_yaml
+from compress.core.errors import UsageError
 
 HELP = "run a staged pipeline (gordon, docbert, export-bench) from its YAML config, with overrides"
 EXAMPLES = """examples:

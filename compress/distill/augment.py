@@ -35,8 +35,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from compress.config import check_range
-from compress.errors import DataError, UsageError
+from compress.core.config import check_range
+from compress.core.errors import DataError, UsageError
 
 TAGGER_PACKAGE = "averaged_perceptron_tagger_eng"
 NLTK_RESOURCES = {TAGGER_PACKAGE: f"taggers/{TAGGER_PACKAGE}/", "punkt_tab": "tokenizers/punkt_tab/english/"}

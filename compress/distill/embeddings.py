@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.errors import DataError, UsageError
+from compress.core.errors import DataError, UsageError
 
 EMBEDDING_SOURCES = ("teacher", "random")
 
@@ -37,7 +37,7 @@ def embedding_width(spec: str, teacher: str) -> int | None:
     if spec == "teacher":
         from transformers import AutoConfig
 
-        from compress.models import resolve_model
+        from compress.models.loading import resolve_model
 
         config = AutoConfig.from_pretrained(resolve_model(teacher))
         return int(getattr(config, "embedding_size", None) or config.hidden_size)

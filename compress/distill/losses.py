@@ -83,7 +83,7 @@ KD_BOUNDS_HELP = f"T in (0, {MAX_TEMPERATURE:g}], lambda in [0, {MAX_KD_LAMBDA:g
 def check_kd_values(temperature: float, kd_lambda: float | None) -> None:
     """Raise UsageError when the temperature is outside (0, MAX_TEMPERATURE] or the KD weight
     (unless None: the default) outside [0, MAX_KD_LAMBDA]."""
-    from compress.config import check_range
+    from compress.core.config import check_range
 
     check_range("temperature", temperature, 0, MAX_TEMPERATURE, lo_open=True)
     if kd_lambda is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 CACHE_DIR = "teacher_logits"
 

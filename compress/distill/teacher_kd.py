@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compress.config import check_range, option
+from compress.core.config import check_range, option
+from compress.core.errors import ModelError, UsageError
 from compress.distill.losses import (
     DEFAULT_TEMPERATURE,
     MAX_KD_LAMBDA,
@@ -32,7 +33,6 @@ from compress.distill.losses import (
     default_kd_lambda,
     distillation_loss,
 )
-from compress.errors import ModelError, UsageError
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
 TEACHER_SELF = "self"  # --teacher self: the dense model the run starts from
@@ -118,7 +118,7 @@ def teacher_logits_collate(base: Callable[[list[dict]], dict]) -> Callable[[list
 
 
 class TeacherLogitsLoss:
-    """``loss_fn(model, batch) -> (loss, extra)`` for ``compress.training.train``.
+    """``loss_fn(model, batch) -> (loss, extra)`` for ``compress.training.loop.train``.
 
     ``batch`` holds the model's inputs, ``labels`` and ``teacher_logits``. With a ``teacher``
     module (hidden-state distillation) the teacher runs on the batch instead and its logits are
@@ -232,7 +232,7 @@ def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None):
     ``--teacher self`` is ``dense`` when given (prune after-finetune: the model the dense phase
     made), else ``--model`` itself, which must then be fine-tuned on the task. Refused in one line
     when its labels or its tokenizer differ from the student's."""
-    from compress.models import load_classifier, resolve_model
+    from compress.models.loading import load_classifier, resolve_model
 
     if cfg.teacher == TEACHER_SELF and dense is not None:
         teacher = copy.deepcopy(dense)
@@ -258,7 +258,7 @@ def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds,
         teacher_predict,
         transfer_key,
     )
-    from compress.training import make_collate
+    from compress.training.loop import make_collate
 
     if teacher is None:
         return {"feats": feats}
@@ -288,8 +288,8 @@ def teacher_summary(cfg, teacher, model, tokenizer, spec, eval_ds, multilabel: b
     """The teacher, its metric on the eval set, and how often the student agrees with it."""
     import numpy as np
 
-    from compress.metrics import compute_metrics
-    from compress.training import encode, make_collate, predict
+    from compress.tasks.metrics import compute_metrics
+    from compress.training.loop import encode, make_collate, predict
 
     feats = encode(tokenizer, eval_ds, cfg.max_length)
     collate = make_collate(tokenizer)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.config import check_choice, check_range
+from compress.core.config import check_choice, check_range
 from compress.distill.losses import DEFAULT_TEMPERATURE, KD_LOSS_CHOICES, check_kd_values, distillation_loss
-from compress.divergence import check_finite_loss, likely_cause
+from compress.training.divergence import check_finite_loss, likely_cause
 
 LR_SCHEDULES = ("constant", "linear")
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 # Lengths 1 and 3 reach what shorter inputs do differently (KimCNN's windows wider than the
 # text, logreg's bigrams of one token), which a graph traced at length 16 must still compute.

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from compress.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError
 from compress.export.inputs import STUDENT_INPUTS, declared_inputs
 
 
@@ -79,7 +79,7 @@ def load_torch_model(spec: str, attn_implementation: str | None = "eager") -> Lo
     from transformers import AutoModelForSequenceClassification
 
     import compress.pruning.structured  # noqa: F401 - registers the structured-pruned BERT class
-    from compress.models import load_pretrained, read_meta, resolve_model
+    from compress.models.loading import load_pretrained, read_meta, resolve_model
 
     path = resolve_model(spec)
     meta = read_meta(path)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.errors import ModelError, ParityError
+from compress.core.errors import ModelError, ParityError
 from compress.export.inputs import DEFAULT_SHAPES, example_inputs
 from compress.export.loading import LoadedModel, torch_logits
 

@@ -2,7 +2,7 @@
 that lets them match, and the report's one ``fusion`` line.
 
 ``--optimize`` picks onnxruntime's transformer-optimizer model type from the architecture's role
-table (``compress.architectures``, ``ort_model_type``): "bert" for the BERT family (RoBERTa, XLM-R,
+table (``compress.models.architectures``, ``ort_model_type``): "bert" for the BERT family (RoBERTa, XLM-R,
 ELECTRA, DistilBERT, ALBERT; onnxruntime has no model type of their own), none for DeBERTa
 (disentangled attention) and ModernBERT (fused QKV, rotary, GLU), whose graph is kept as exported.
 The report's ``fusion`` line says what fused, or that nothing did and why.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.errors import ModelError
+from compress.core.errors import ModelError
 from compress.export.loading import LoadedModel
 
 
@@ -182,14 +182,14 @@ def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
     """
     from onnxruntime.transformers.optimizer import MODEL_TYPES
 
-    from compress.architectures import find_layout
+    from compress.models.architectures import find_layout
 
     if loaded.kind != "bert":
         return None, f"a {loaded.kind} has no transformer attention layers to fuse"
     layout = find_layout(loaded.model)
     model_type = getattr(getattr(loaded.model, "config", None), "model_type", type(loaded.model).__name__)
     if layout is None:
-        return None, f"architecture '{model_type}' has no role table (compress.architectures)"
+        return None, f"architecture '{model_type}' has no role table (compress.models.architectures)"
     if layout.ort_model_type is None:
         return None, f"{model_type}: {layout.notes or 'no onnxruntime fusion applies'}"
     if layout.ort_model_type not in MODEL_TYPES:
@@ -202,7 +202,7 @@ def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
 def attention_executions(loaded: LoadedModel) -> int | None:
     """How many attention blocks one forward pass runs (ALBERT runs its shared layer that often;
     a structured-pruned layer left with no head has none)."""
-    from compress.architectures import find_layout
+    from compress.models.architectures import find_layout
 
     cfg = getattr(loaded.model, "config", None)
     heads = getattr(cfg, "layer_heads", None)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError
 
 # short names accepted by --provider -> onnxruntime provider names
 PROVIDER_ALIASES: dict[str, str] = {

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from compress.config import check_choice
-from compress.errors import ModelError
+from compress.core.config import check_choice
+from compress.core.errors import ModelError
 from compress.export.inputs import DEFAULT_SHAPES
 from compress.export.loading import LoadedModel
 from compress.export.onnx import FP32_ATOL, check_parity, onnx_checker

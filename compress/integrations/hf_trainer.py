@@ -10,7 +10,7 @@ training, into ``output_dir`` (``trainer.save_model()`` then writes the weights 
 ``compress verify``, ``measure`` and ``export`` read those folders.
 
 ``DistillationTrainer`` replaces the loss only: task loss + lambda * KD loss against a teacher run
-on the same batch (``compress.api.kd_loss``).
+on the same batch (``compress.api.functions.kd_loss``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class PruningCallback(TrainerCallback):
                  initial_sparsity: float = 0.0, power: float = DEFAULT_POWER, criterion: str = "magnitude",
                  scope: str = "local", include: Sequence[str] = (), exclude: Sequence[str] = (),
                  seed: int = 0, base_model: str | None = None, dataset: str | None = None):
-        from compress.config import check_sparsity
+        from compress.core.config import check_sparsity
 
         check_sparsity(sparsity)
         self.sparsity = sparsity
@@ -66,17 +66,17 @@ class PruningCallback(TrainerCallback):
         self.masks: dict[str, torch.Tensor] | None = None
         self._handles: list = []
         if model is not None:
-            from compress.api import prunable_targets
+            from compress.api.functions import prunable_targets
 
             prunable_targets(model, include, exclude)  # a model with nothing to prune fails here
 
     # ------------------------------------------------------------------------------ events
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from compress.api import make_pruner, prunable_targets
+        from compress.api.functions import make_pruner, prunable_targets
 
         model = self.model if self.model is not None else model
         if model is None:
-            from compress.errors import UsageError
+            from compress.core.errors import UsageError
 
             raise UsageError("PruningCallback got no model; pass PruningCallback(..., model=model)")
         self.model, self._args, self._state = model, args, state
@@ -100,7 +100,7 @@ class PruningCallback(TrainerCallback):
         Trainer hides a non-finite loss from its logs (``logging_nan_inf_filter``), but the step it
         came from has already spread it into the weights. Checked before the pruner ranks them and
         before the Trainer saves the step, so no checkpoint of it is written."""
-        from compress.errors import TrainingDivergedError
+        from compress.core.errors import TrainingDivergedError
 
         params = self.pruner.params
         total = torch.stack([p.detach().float().sum() for p in params.values()]).sum()
@@ -144,7 +144,7 @@ class PruningCallback(TrainerCallback):
 
     def meta(self) -> dict[str, Any]:
         """``compress.json`` of a saved folder: labels, base model and the pruning record."""
-        from compress.api import model_meta
+        from compress.api.functions import model_meta
         from compress.pruning.integrity import MASKS_FILE
 
         sch = self.pruner.schedule
@@ -164,11 +164,11 @@ class PruningCallback(TrainerCallback):
         The masks are checked on the live model and, with ``reload_check`` where ``folder`` holds a
         saved model, on that model reloaded from disk. ``metrics`` default to the last evaluation in
         the Trainer's log history (``state``)."""
-        from compress.api import write_pruning_files
-        from compress.modelcard import write_model_card
+        from compress.api.functions import write_pruning_files
+        from compress.report.modelcard import write_model_card
 
         if self.pruner is None:
-            from compress.errors import UsageError
+            from compress.core.errors import UsageError
 
             raise UsageError("PruningCallback.save() before training: call trainer.train() first")
         folder = Path(folder)
@@ -223,7 +223,7 @@ def _plain(value: Any) -> Any:
 
 class DistillationTrainer(Trainer):
     """A ``Trainer`` whose loss is ``task + kd_lambda * KD(teacher || student)``
-    (``compress.api.kd_loss``); everything else is the ``Trainer``'s.
+    (``compress.api.functions.kd_loss``); everything else is the ``Trainer``'s.
 
     The teacher (any model returning ``logits`` of the student's label count; checked here) runs in
     eval mode without gradients on the same batch, which means the same tokenizer; it is moved to
@@ -235,7 +235,7 @@ class DistillationTrainer(Trainer):
     def __init__(self, *args, teacher: torch.nn.Module, temperature: float = DEFAULT_TEMPERATURE,
                  kd_lambda: float | None = None, kind: str = "kl", **kwargs):
         super().__init__(*args, **kwargs)
-        from compress.errors import UsageError
+        from compress.core.errors import UsageError
 
         t_labels = getattr(getattr(teacher, "config", None), "num_labels", None)
         s_labels = getattr(getattr(self.model, "config", None), "num_labels", None)
@@ -253,7 +253,7 @@ class DistillationTrainer(Trainer):
         self._teacher_inputs = set(inspect.signature(teacher.forward).parameters)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        from compress.api import kd_loss
+        from compress.api.functions import kd_loss
 
         labels = inputs.get("labels")
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
@@ -267,7 +267,7 @@ class DistillationTrainer(Trainer):
         parts = kd_loss(outputs.logits, t_out.logits, labels, temperature=self.temperature,
                         kd_lambda=self.kd_lambda, kind=self.kind, multilabel=multilabel)
         from compress.distill.losses import default_kd_lambda
-        from compress.divergence import check_finite_loss
+        from compress.training.divergence import check_finite_loss
 
         # before backward: a non-finite loss would turn the student's weights to NaN
         lam = self.kd_lambda if self.kd_lambda is not None else default_kd_lambda(multilabel)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from compress.config import check_range
+from compress.core.config import check_range
 
 
 def _sync(device: str | torch.device | None) -> None:

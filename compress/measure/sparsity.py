@@ -3,7 +3,7 @@ encoder.
 
 Counts exact zeros in the weights (what is stored, not what a mask intends). The matrices counted are
 the mask's when ``masks`` is given, else the architecture's default pruning targets (every role
-matrix of its role table, ``compress.architectures``, and the word embeddings).
+matrix of its role table, ``compress.models.architectures``, and the word embeddings).
 
 Per-head sparsity (Gordon et al. 2020, Fig. 4 left): head h of a layer owns rows
 ``h*d:(h+1)*d`` of the Q, K and V weights (``nn.Linear`` weights are ``[out, in]``; in a fused QKV,
@@ -18,7 +18,7 @@ import re
 
 import torch
 
-from compress.architectures import ROLES, find_layout, head_layout, head_slices
+from compress.models.architectures import ROLES, find_layout, head_layout, head_slices
 from compress.pruning.masks import NMPattern, broken_groups
 from compress.pruning.targets import WORD_EMBEDDINGS, named_weights, weight_roles
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from compress.errors import ModelError
+from compress.core.errors import ModelError
 
 
 def measure_spec(spec: str, seq_len: int, runtime: str = "onnxruntime CPU") -> dict[str, Any]:

@@ -172,8 +172,8 @@ def exported_kind(onnx_path: str | Path) -> str | None:
 def is_structured_source(src: str | None) -> bool:
     """Whether ``src`` (the PyTorch model an ONNX file came from) is a structured-pruned BERT,
     i.e. its config records per-layer head counts."""
-    from compress.errors import ModelError
-    from compress.models import resolve_model
+    from compress.core.errors import ModelError
+    from compress.models.loading import resolve_model
 
     if src is None:
         return False

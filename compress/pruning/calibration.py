@@ -32,9 +32,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from compress.architectures import encoder_layers, layout_for
-from compress.config import check_sparsity
-from compress.errors import UsageError
+from compress.core.config import check_sparsity
+from compress.core.errors import UsageError
+from compress.models.architectures import encoder_layers, layout_for
 from compress.pruning.criteria import Criterion, LayerStats, unstructured
 from compress.pruning.masks import NMPattern, get_scope, keep_mask_flat, n_pruned, nm_mask
 from compress.pruning.pruner import check_pattern_fits

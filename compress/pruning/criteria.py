@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 STATISTICS = ("input_gram", "input_sq", "grad_sq")
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.architectures import encoder_layers, head_layout, layout_for
-from compress.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError
+from compress.models.architectures import encoder_layers, head_layout, layout_for
 
 LABEL_KEYS = ("labels", "start_positions", "end_positions")
 

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 TARGETS = ("heads", "ffn")
 

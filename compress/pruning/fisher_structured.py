@@ -4,7 +4,7 @@ for Transformers": no retraining, a few hundred examples, a FLOPs target.
     fisher_prune_structured(model, batches, flops_reduction, seq_len, targets=("heads", "ffn"),
                             rearrange=True, tune=True) -> dict
 
-removes heads and FFN neurons of any encoder of the role table (``compress.architectures``) in
+removes heads and FFN neurons of any encoder of the role table (``compress.models.architectures``) in
 place so that the encoder's FLOPs at ``seq_len`` tokens drop by at least ``flops_reduction``, and
 returns a report (FLOPs before/after, units kept per layer, mask values, seconds per phase).
 ``batches``: dicts of tensors the model takes, with ``labels`` (or ``start_positions`` /
@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from compress.architectures import layout_for
-from compress.errors import UsageError
+from compress.core.errors import UsageError
+from compress.models.architectures import layout_for
 from compress.pruning.fisher_masks import (
     FisherImportance,
     fisher_importance,

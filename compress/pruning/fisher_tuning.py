@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from compress.architectures import encoder_layers, head_layout, layout_for
-from compress.errors import ModelError
+from compress.core.errors import ModelError
+from compress.models.architectures import encoder_layers, head_layout, layout_for
 from compress.pruning.fisher_masks import split_labels, unit_masks
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from compress.errors import DataError, IntegrityError
+from compress.core.errors import DataError, IntegrityError
 from compress.pruning.targets import named_weights
 
 MASKS_FILE = "masks.safetensors"
@@ -118,7 +118,7 @@ def load_masks(path: Path) -> dict[str, torch.Tensor]:
     if not Path(path).is_file():
         raise DataError(f"no masks at {path}; pass a run folder written by 'compress prune' (or "
                         "'compress finetune' of a pruned model)")
-    from compress.models import check_safetensors_file
+    from compress.models.loading import check_safetensors_file
 
     check_safetensors_file(path, REDO)
     return {n: t.bool() for n, t in load_file(str(path)).items()}
@@ -132,7 +132,7 @@ def load_saved_model(model_dir: Path):
     meta_file = model_dir / "compress.json"
     meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
     cls = AutoModelForSequenceClassification if meta.get("label_names") else AutoModel
-    from compress.models import check_safetensors_folder, register_model_types
+    from compress.models.loading import check_safetensors_folder, register_model_types
 
     check_safetensors_folder(model_dir, REDO)
     register_model_types()
@@ -159,7 +159,7 @@ def verify_run(run: str | Path) -> dict:
     if not (model_dir / "config.json").is_file():
         raise DataError(f"{run} is not a run folder with a saved model (no model/config.json); pass "
                         "a folder written by 'compress prune'")
-    from compress.models import check_safetensors_folder
+    from compress.models.loading import check_safetensors_folder
 
     check_safetensors_folder(model_dir, REDO)
     check_finite_weights(model_dir)  # first: a dense folder (no masks) is checked too

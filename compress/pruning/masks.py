@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.config import check_range, check_sparsity
-from compress.errors import UsageError
+from compress.core.config import check_range, check_sparsity
+from compress.core.errors import UsageError
 
 
 def n_pruned(numel: int, sparsity: float) -> int:

@@ -1,6 +1,6 @@
 """Continued masked-LM pre-training: corpus reading, 15% masking (80/10/10), held-out MLM loss.
 
-The shared training loop (``compress.training.train``) collates classification features, so dynamic
+The shared training loop (``compress.training.loop.train``) collates classification features, so dynamic
 masking lives in ``MaskedLMObjective.forward``: the loop hands it plain token blocks and it masks them
 with transformers' ``DataCollatorForLanguageModeling`` (fresh masks at every step, as in BERT). The
 decoder runs only on the masked positions: a full 30522-way logit tensor for every token of a batch
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from compress.errors import DataError, ModelError
+from compress.core.errors import DataError, ModelError
 
 TEXT_SUFFIXES = (".txt", ".raw", ".tokens")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from compress.distributed import assert_same_across_ranks, tensor_checksum
-from compress.errors import IntegrityError, UsageError
-from compress.hooks import TrainHook
+from compress.core.distributed import assert_same_across_ranks, tensor_checksum
+from compress.core.errors import IntegrityError, UsageError
+from compress.core.hooks import TrainHook
 from compress.pruning.criteria import weight_only
 from compress.pruning.integrity import MASKS_FILE, check_masks, load_masks, save_masks
 from compress.pruning.masks import NMPattern, get_scope

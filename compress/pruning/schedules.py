@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compress.config import check_range, check_sparsity
-from compress.errors import UsageError
+from compress.core.config import check_range, check_sparsity
+from compress.core.errors import UsageError
 
 # Zhu & Gupta (2017): sparsity rises as 1 - (1 - t)^3 over the pruning span (Gordon et al. use it)
 DEFAULT_POWER = 3.0

@@ -1,5 +1,6 @@
 """Structured pruning for speed: remove whole attention heads and FFN neurons of any encoder in the
-role table (``compress.architectures``: the BERT family, DistilBERT, ALBERT, DeBERTa-v2/v3, ModernBERT).
+role table (``compress.models.architectures``: the BERT family, DistilBERT, ALBERT, DeBERTa-v2/v3,
+ModernBERT).
 
 Groups. A head owns its rows of the query, key and value matrices (the q, k and v blocks of a
 fused ``qkv``; DeBERTa's ``pos_query``/``pos_key`` when present) and its columns of ``attn_out``;
@@ -22,7 +23,7 @@ so the slicing is done from it, the same way for every architecture.
 ALBERT shares its layer weights across depth: each shared layer is pruned once (its heads count
 once in the ranking), and every pass through it runs the pruned layer.
 
-Loading. A stock config holds one size for all layers; ``compress.pruning.modeling_pruned`` adds
+Loading. A stock config holds one size for all layers; ``compress.models.modeling_pruned`` adds
 ``Compress<T>Config`` (model type ``compress_<t>``) with ``layer_heads`` / ``layer_intermediate``
 and model classes that build each layer at its size. Importing this module registers them with
 the transformers Auto classes; a saved pruned model also carries that file and an ``auto_map``,
@@ -40,7 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from compress.architectures import (
+from compress.core.config import check_sparsity
+from compress.core.errors import ModelError, UsageError
+from compress.models.architectures import (
     HEAD_ROW_ROLES,
     SUPPORTED,
     EncoderLayer,
@@ -50,9 +53,7 @@ from compress.architectures import (
     head_layout,
     head_slices,
 )
-from compress.config import check_sparsity
-from compress.errors import ModelError, UsageError
-from compress.pruning.modeling_pruned import (
+from compress.models.modeling_pruned import (
     PRUNED_CLASS_OF,
     PRUNED_CLASSES,
     register_auto_classes,

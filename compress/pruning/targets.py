@@ -6,7 +6,7 @@ pre-training apply unchanged to the BertForSequenceClassification fine-tuned fro
 the base model keep their own names (``classifier.weight``).
 
 Default: every role matrix of every encoder layer in the architecture's role table
-(``compress.architectures``: Q, K, V or a fused QKV, attention output, FFN in and out) and the
+(``compress.models.architectures``: Q, K, V or a fused QKV, attention output, FFN in and out) and the
 word embeddings, as in Gordon et al. (2020). ``--include`` adds, ``--exclude`` removes. A pattern is
 ``role:NAME`` (a role of the table, e.g. ``role:ffn_in``, or ``role:word_embeddings``), a glob
 (``*.pooler.*``; a pattern without wildcards matches any name containing it) or, prefixed with
@@ -21,7 +21,8 @@ import re
 
 import torch
 
-from compress.architectures import (
+from compress.core.errors import UsageError
+from compress.models.architectures import (
     QKV_PARTS,
     ROLES,
     EncoderLayout,
@@ -30,7 +31,6 @@ from compress.architectures import (
     layout_for,
     role_of_weights,
 )
-from compress.errors import UsageError
 
 WORD_EMBEDDINGS = "word_embeddings"
 

@@ -25,7 +25,7 @@ MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_stride: int):
     if not getattr(tokenizer, "is_fast", False):
-        from compress.errors import ModelError
+        from compress.core.errors import ModelError
 
         raise ModelError("SQuAD features need a fast (Rust) tokenizer for offset mapping; "
                          "use a model folder with tokenizer.json")
@@ -37,7 +37,7 @@ def _tokenize(tokenizer, examples: Sequence[QAExample], max_length: int, doc_str
         # by raising, or by panicking (pyo3's PanicException derives from BaseException)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        from compress.errors import DataError
+        from compress.core.errors import DataError
 
         longest = max(examples, key=lambda e: len(e.question))
         raise DataError(f"cannot cut windows of {max_length} tokens with {doc_stride} tokens of overlap "
@@ -71,7 +71,7 @@ def check_windows_cover_contexts(tokenizer, examples: Sequence[QAExample], enc) 
         if reach.get(j, 0) < last:
             import tokenizers
 
-            from compress.errors import ModelError
+            from compress.core.errors import ModelError
 
             raise ModelError(
                 f"the tokenizer's windows cover only the first {reach.get(j, 0)} of {last} characters "

@@ -2,7 +2,7 @@
 
 Each objective is an ``nn.Module`` with ``loss(model, batch) -> (loss, logs)``; ``batch`` holds the
 model inputs plus ``start_positions``/``end_positions``. Its own parameters (a perturbation MLP,
-say; ``trainable_parameters()``) are trained with the model by ``compress.training.train`` and
+say; ``trainable_parameters()``) are trained with the model by ``compress.training.loop.train`` and
 checkpointed with its state_dict, but never saved with the model: evaluation and export see the
 plain QA model.
 
@@ -306,7 +306,7 @@ OBJECTIVES: dict[str, Callable[[object, object], nn.Module]] = {
 
 def make_objective(name: str, model, options) -> nn.Module:
     if name not in OBJECTIVES:
-        from compress.errors import UsageError
+        from compress.core.errors import UsageError
 
         raise UsageError(f"unknown objective '{name}'; choose one of: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[name](model, options)

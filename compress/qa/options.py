@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compress.config import check_choice, check_range, option
+from compress.core.config import check_choice, check_range, option
 
 QA_OBJECTIVE_NAMES = ("plain", "pfa", "hl-aacl")
 PFA_ALIGNMENTS = ("cosine", "kl", "js", "w1")
@@ -69,7 +69,7 @@ def check_qa_options(o) -> None:
 
 def effective_doc_stride(o, max_length: int) -> int:
     """The token overlap between windows; must leave room for new context in each window."""
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
 
     stride = o.doc_stride if o.doc_stride is not None else max_length // 3
     if stride >= max_length // 2:

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from compress.config import check_choice, check_range, option, to_dict
-from compress.errors import UsageError
+from compress.core.config import check_choice, check_range, option, to_dict
+from compress.core.errors import UsageError
 from compress.export.precision import PRECISIONS
 from compress.measure.latency import _sync
 
@@ -119,7 +119,7 @@ def parse_entry(item: str) -> tuple[str, str]:
 def _flops_source(path: str) -> str | None:
     """The PyTorch model an ONNX file was exported from (its ``compress export`` report), if that
     model can still be found from here; else None (no GFLOP/s for that file)."""
-    from compress.errors import ModelError
+    from compress.core.errors import ModelError
     from compress.measure.verdict import read_export_report
 
     report = read_export_report(path) or {}
@@ -181,10 +181,10 @@ class BenchSetup:
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Time every model/runtime on the grid; write ``bench.json`` in a run folder; return the results."""
+    from compress.core.runs import RunDir, write_json
     from compress.export.loading import is_onnx_file
     from compress.measure.latency import matmul_peak_gflops
     from compress.measure.verdict import cpu_has_avx2, cpu_vnni_flags
-    from compress.runs import RunDir, write_json
 
     entries = [parse_entry(m) for m in cfg.models]
     provider = bench_provider(cfg, entries)
@@ -430,7 +430,7 @@ def check_peer_parity(loaded, peer, runtime: str, device: str, batch: int = 2, l
                       ) -> dict[str, Any]:
     """Logits of ``peer`` against eager fp32 on one padded batch; ParityError beyond ``PEER_ATOL``.
     For torch-compile the call compiles, and ``compile_s`` (that first call) is returned too."""
-    from compress.errors import ParityError
+    from compress.core.errors import ParityError
     from compress.export.inputs import example_inputs
     from compress.export.loading import torch_logits
 
@@ -485,9 +485,9 @@ def _load_average() -> float | None:
 
 
 def _validate_model_path(path: str) -> None:
-    from compress.errors import ModelError
+    from compress.core.errors import ModelError
     from compress.export.loading import is_onnx_file
-    from compress.models import resolve_model
+    from compress.models.loading import resolve_model
 
     p = Path(path)
     if is_onnx_file(path):

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.config import check_choice, check_range, option, option_like, to_dict
+from compress.core.config import check_choice, check_range, option, option_like, to_dict
+from compress.core.errors import UsageError
+from compress.core.runs import RunDir
 from compress.distill.augment import OPERATORS, AugmentConfig, augment_texts, require_nltk_data
 from compress.distill.comparison import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.embeddings import (
@@ -47,14 +49,12 @@ from compress.distill.train import (
     predict_student,
     train_student,
 )
-from compress.errors import UsageError
-from compress.metrics import compute_metrics
-from compress.models import PACKAGED, load_classifier, load_tokenizer, resolve_model
+from compress.models.loading import PACKAGED, load_classifier, load_tokenizer, resolve_model
 from compress.recipes.finetune import TaskDataConfig
-from compress.runs import RunDir
 from compress.tasks import DataOptions, data_dir_from_env
-from compress.trackers import check_report_to, start_tracking
-from compress.training import TrainConfig
+from compress.tasks.metrics import compute_metrics
+from compress.training.loop import TrainConfig
+from compress.training.trackers import check_report_to, start_tracking
 from students.registry import build_student, get_student, parse_options, save_student, student_config
 
 

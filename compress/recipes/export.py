@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from compress.config import check_choice, check_range, option, to_dict
-from compress.errors import ModelError, UsageError
+from compress.core.config import check_choice, check_range, option, to_dict
+from compress.core.errors import ModelError, UsageError
 from compress.export.inputs import DEFAULT_SHAPES, parse_shapes
 from compress.export.loading import LoadedModel, load_torch_model
 from compress.export.onnx import check_parity, export_onnx
@@ -119,7 +119,7 @@ def check_task_fits(spec: str, loaded, label_names: tuple[str, ...]) -> None:
     """``--task`` scores the model's outputs as the task's labels: a saved label set must be the
     task's (``compress eval``'s check); a model without one (an encoder with a fresh head) must at
     least have one output per label. Before anything is exported."""
-    from compress.models import check_model_labels
+    from compress.models.loading import check_model_labels
 
     saved = (loaded.meta or {}).get("label_names")
     if saved is not None:
@@ -248,8 +248,8 @@ def ort_accuracy(onnx_path: str | Path, tokenizer, spec, ds, max_length: int,
                  ) -> dict[str, Any]:
     """The task metric of an ONNX model on ``ds`` (same tokenisation as ``compress eval``); with
     ``with_logits`` also the logits ([examples, labels] numpy) under ``"logits"``."""
-    from compress.evaluation import evaluate
     from compress.export.ort import OrtModel
+    from compress.training.evaluation import evaluate
 
     model = OrtModel(onnx_path, provider=provider)
     return evaluate(lambda batch: model(**batch), tokenizer, spec, ds, max_length, batch_size, with_logits)

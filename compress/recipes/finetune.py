@@ -10,19 +10,19 @@ from pathlib import Path
 
 import torch
 
-from compress.config import option, to_dict
+from compress.core.config import option, to_dict
+from compress.core.errors import UsageError
+from compress.core.runs import RunDir, launch_rank
 from compress.distill.teacher_kd import TeacherKDOptions, load_teacher, teacher_summary, teacher_training
-from compress.errors import UsageError
-from compress.models import load_classifier
+from compress.models.loading import load_classifier
 from compress.qa.options import QAOptions
 from compress.recipes.qa import eval_qa, finetune_qa
 from compress.recipes.retrieval import eval_reqa, finetune_reqa
 from compress.recipes.saving import save_run_model
-from compress.runs import RunDir, launch_rank
 from compress.tasks import DataOptions, TaskSpec, data_dir_from_env, get_task, load_split, task_choices
 from compress.tasks.base import TextDataset
-from compress.trackers import start_tracking
-from compress.training import TrainConfig, TrainHook, encode, set_seed, train
+from compress.training.loop import TrainConfig, TrainHook, encode, set_seed, train
+from compress.training.trackers import start_tracking
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,10 @@ def load_task_data(cfg: TaskDataConfig, splits: tuple[str, ...] = ("train", "eva
 
 def evaluate_classifier(model, tokenizer, spec: TaskSpec, ds: TextDataset, max_length: int,
              batch_size: int = 128) -> dict[str, float]:
-    """Metrics of a PyTorch ``model`` on ``ds`` (``compress.evaluation.evaluate``, as onnxruntime's
+    """Metrics of a PyTorch ``model`` on ``ds`` (``compress.training.evaluation.evaluate``, as onnxruntime's
     are); the task's primary metric is also under ``'score'``."""
-    from compress.evaluation import evaluate as evaluate_fn
-    from compress.evaluation import torch_logits_fn
+    from compress.training.evaluation import evaluate as evaluate_fn
+    from compress.training.evaluation import torch_logits_fn
 
     return evaluate_fn(torch_logits_fn(model), tokenizer, spec, ds, max_length, batch_size)
 
@@ -167,7 +167,7 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
                             else (None, None))  # refused here, before any folder exists, if unfit
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
-    from compress.models import resolve_model
+    from compress.models.loading import resolve_model
     from compress.pruning.pruner import fine_tuning_hooks
 
     hooks = fine_tuning_hooks(model, resolve_model(cfg.model), getattr(cfg, "information_deletion", False),

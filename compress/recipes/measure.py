@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from compress.config import check_range, option
+from compress.core.config import check_range, option
 from compress.measure.summary import measure_spec
 
 

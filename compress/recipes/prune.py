@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
-from compress.api import make_pruner as api_make_pruner
-from compress.config import check_range, check_sparsity, option, to_dict
+from compress.api.functions import make_pruner as api_make_pruner
+from compress.core.config import check_range, check_sparsity, option, to_dict
+from compress.core.errors import DataError, UsageError
+from compress.core.runs import RunDir, write_json
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
     SpanDistillation,
@@ -35,9 +37,8 @@ from compress.distill.teacher_kd import (
     teacher_summary,
     teacher_training,
 )
-from compress.errors import DataError, UsageError
 from compress.measure.sparsity import sparsity_report
-from compress.models import (
+from compress.models.loading import (
     load_classifier,
     load_pretrained,
     load_tokenizer,
@@ -67,10 +68,9 @@ from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig, evaluate_classifier, load_task_data, run_finetune
 from compress.recipes.saving import save_model
-from compress.runs import RunDir, write_json
 from compress.tasks import get_task
-from compress.trackers import start_tracking
-from compress.training import TrainConfig, TrainHook, encode, set_seed, train
+from compress.training.loop import TrainConfig, TrainHook, encode, set_seed, train
+from compress.training.trackers import start_tracking
 
 
 @dataclass(frozen=True)
@@ -572,7 +572,7 @@ def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict]) -> list[
     """The calibration set, batched: ``--calibration-samples`` training examples drawn with
     ``--seed`` (the dev split is never read here), or the lines of ``--calibration-data``."""
     from compress.pruning.mlm import read_corpus
-    from compress.training import make_collate
+    from compress.training.loop import make_collate
 
     if cfg.calibration_data is not None:
         lines = read_corpus((cfg.calibration_data,))

@@ -1,7 +1,7 @@
 """SQuAD fine-tuning and evaluation: load -> features -> train (objective plug-in) -> post-process
 -> official EM/F1 -> save. Registered in ``compress.recipes.finetune.FINETUNE_FAMILIES``/``EVAL_FAMILIES``.
 
-Training is the shared loop, ``compress.training.train``: the objective computes the loss
+Training is the shared loop, ``compress.training.loop.train``: the objective computes the loss
 (``loss_fn=objective.loss``) and is trained beside the model (``extra_modules``: PFA's perturbation
 MLP is optimized and checkpointed with it), so checkpoints, ``--resume``, hooks and logging are
 those of every other task.
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from compress.config import to_dict
+from compress.core.config import to_dict
+from compress.core.errors import ModelError, UsageError
+from compress.core.runs import RunDir
 from compress.distill.teacher_kd import TEACHER_SELF, SpanDistillation, answer_agreement, check_teacher_fits
-from compress.errors import ModelError, UsageError
-from compress.models import (
+from compress.models.loading import (
     announce_new_head,
     load_pretrained,
     load_tokenizer,
@@ -36,11 +37,10 @@ from compress.qa.options import effective_doc_stride
 from compress.qa.postprocess import postprocess_predictions
 from compress.qa.squad_metric import squad_scores
 from compress.recipes.saving import save_run_model
-from compress.runs import RunDir
 from compress.tasks import get_task
 from compress.tasks.qa import QADataset, load_squad_split
-from compress.trackers import start_tracking
-from compress.training import set_seed, train
+from compress.training.loop import set_seed, train
+from compress.training.trackers import start_tracking
 
 QA_TASK = "squad"
 
@@ -83,7 +83,7 @@ def load_qa_data(cfg, splits: Sequence[str] = ("train", "dev")) -> dict[str, QAD
         ds = load_squad_split(opts, s, cfg.split_by_article, cfg.skip_bad_examples)
         ds = ds.subset(cfg.train_limit if s == "train" else cfg.eval_limit)
         if len(ds) == 0:
-            from compress.errors import DataError
+            from compress.core.errors import DataError
 
             raise DataError(f"squad: split '{s}' has no questions")
         out[s] = ds

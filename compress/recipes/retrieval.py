@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
-from compress.config import to_dict
-from compress.errors import DataError, UsageError
-from compress.models import resolve_model
+from compress.core.config import to_dict
+from compress.core.errors import DataError, UsageError
+from compress.core.runs import RunDir
+from compress.models.loading import resolve_model
 from compress.pruning.pruner import fine_tuning_hooks
 from compress.recipes.saving import save_run_model
 from compress.retrieval.bm25 import bm25_order
@@ -25,10 +26,9 @@ from compress.retrieval.dual_encoder import (
     train_dual_encoder,
 )
 from compress.retrieval.metrics import retrieval_metrics
-from compress.runs import RunDir
 from compress.tasks import get_task
 from compress.tasks.retrieval import ReQADataset, load_reqa_split
-from compress.trackers import start_tracking
+from compress.training.trackers import start_tracking
 
 BM25_MODEL = "bm25"
 

@@ -1,5 +1,5 @@
-"""How every recipe ends: the model folder (``compress.models.save_model``: weights, tokenizer,
-``compress.json``) and its ``README.md`` model card (``compress.modelcard``). The card is written
+"""How every recipe ends: the model folder (``compress.models.loading.save_model``: weights, tokenizer,
+``compress.json``) and its ``README.md`` model card (``compress.report.modelcard``). The card is written
 here and by the Python API's ``compress.save_model``, never by the model loader, which stays below
 the measurement blocks the card reads."""
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from compress import models
-from compress.modelcard import write_model_card
+from compress.models import loading as models
+from compress.report.modelcard import write_model_card
 
 
 def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
-    """``compress.models.save_model``, then the model card from the model in memory (sparsity,
+    """``compress.models.loading.save_model``, then the model card from the model in memory (sparsity,
     FLOPs), ``meta`` and, inside a run folder, the run's config and last evaluation."""
     models.save_model(model, tokenizer, folder, meta)
     write_model_card(folder, model, meta=meta)

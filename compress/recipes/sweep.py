@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compress.config import check_range, option, to_dict
-from compress.errors import DataError, UsageError
-from compress.runs import artifacts_root, write_json
-from compress.security import resolve_out
-from compress.sweep_backends import BACKENDS, check_address, import_ray, make_backend, runner_prefix
+from compress.core.config import check_range, option, to_dict
+from compress.core.errors import DataError, UsageError
+from compress.core.runs import artifacts_root, write_json
+from compress.core.security import resolve_out
+from compress.recipes.sweep_backends import BACKENDS, check_address, import_ray, make_backend, runner_prefix
 
 
 @dataclass(frozen=True)
@@ -440,7 +440,7 @@ def validate_inputs(cfg: SweepConfig) -> None:
             raise DataError(f"--pretrain-corpus {c} does not exist; pass a text file or a folder of "
                             ".txt/.raw/.tokens files (e.g. ../shared/data/wikitext2)")
     if cfg.runner is None:
-        from compress.models import resolve_model
+        from compress.models.loading import resolve_model
 
         resolve_model(cfg.model)
         check_sweep_teacher(cfg)
@@ -467,7 +467,7 @@ def check_sweep_teacher(cfg: SweepConfig) -> None:
     if cfg.teacher is None or cfg.teacher == "self":
         return
     from compress.distill.teacher_kd import check_teacher_fits
-    from compress.models import load_classifier, load_tokenizer, read_meta, resolve_model
+    from compress.models.loading import load_classifier, load_tokenizer, read_meta, resolve_model
     from compress.tasks import get_task
 
     student_tok = load_tokenizer(cfg.model)
@@ -688,7 +688,7 @@ def _execute(cfg, cfg_dict, plan: list[Cell], sweep_dir: Path, log, backend) -> 
         raise
     bad = [n for n, s in status.items() if s["status"] in ("failed", "blocked")]
     if bad:
-        from compress.errors import CompressError
+        from compress.core.errors import CompressError
 
         raise CompressError(f"{len(bad)} of {len(plan)} cells did not finish ({', '.join(bad[:5])}"
                             f"{', ...' if len(bad) > 5 else ''}); see {sweep_dir / 'logs'}, fix the "

@@ -11,7 +11,7 @@ export-bench) gets the distillation table (params / FLOPs / latency / metric) an
 hidden-size curve. A single run folder gets its summary, sparsity tables, training-loss curve and
 per-head sparsity.
 
-Everything is read from run-folder files; the numbers come from ``compress.analysis``. Plots and
+Everything is read from run-folder files; the numbers come from ``compress.report.analysis``. Plots and
 CSVs go to ``<dir>/report/``, report.md to ``<dir>/report.md`` (rewritten on every call).
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compress.errors import DataError
+from compress.core.errors import DataError
+from compress.core.runs import write_text_atomic
 from compress.report.pipeline import _pipeline_report
 from compress.report.run import _run_report
 from compress.report.sweep import _sweep_report
-from compress.runs import write_text_atomic
 
 
 def write_report(path: str | Path) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compress import analysis as A
+from compress.report import analysis as A
 from compress.report.common import (
     _latency_ms,
     _md_table,

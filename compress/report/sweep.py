@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from compress import analysis as A
-from compress.errors import DataError
+from compress.core.errors import DataError
+from compress.report import analysis as A
 from compress.report.common import (
     SPARSITY_AXIS,
     _md_table,
@@ -217,7 +217,7 @@ def _heldout_texts(root: Path, state: dict, cell: str, n: int) -> list[str]:
     """``n`` lines of the pre-training corpus's held-out slice, as the pre-training cell split it
     (``compress.pruning.mlm.split_heldout`` with that cell's ``--heldout-fraction``): the last
     ``n`` with at least five words, headings left out."""
-    from compress.errors import DataError as CorpusError
+    from compress.core.errors import DataError as CorpusError
     from compress.pruning.mlm import read_corpus, split_heldout
 
     corpus = state.get("config", {}).get("pretrain_corpus") or []
@@ -247,7 +247,7 @@ def _section_features(root: Path, data, out_dir: Path, n_texts: int = 32) -> lis
     from transformers import AutoModel, AutoTokenizer
 
     def load(cell):
-        from compress.models import register_model_types
+        from compress.models.loading import register_model_types
 
         register_model_types()
         return AutoModel.from_pretrained(root / cell / "model", use_safetensors=True).eval()
@@ -338,7 +338,7 @@ def _section_movement(root: Path, data, out_dir: Path) -> list[str]:
         seen.add(r["cell"])
         start = root / r["pretrain"] / "model" if r["pretrain"] else None
         if start is None:
-            from compress.models import resolve_model
+            from compress.models.loading import resolve_model
 
             try:
                 start = Path(resolve_model(data["state"]["config"]["model"]))

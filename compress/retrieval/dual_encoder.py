@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.errors import ModelError
-from compress.models import (
+from compress.core.errors import ModelError
+from compress.models.loading import (
     load_pretrained,
     load_tokenizer,
     match_tokenizer_inputs,
     read_meta,
     resolve_model,
 )
-from compress.training import train
+from compress.training.loop import train
 
 REQA_TASK = "reqa"
 
@@ -131,7 +131,7 @@ def pair_loss(scale: float) -> Callable[[DualEncoder, dict], tuple[torch.Tensor,
 def train_dual_encoder(model: DualEncoder, tokenizer, pairs: Sequence[tuple[int, int, float]],
                        questions: Sequence[str], sentences: Sequence[str], cfg, scale: float,
                        hooks: Sequence = (), log: Callable[[dict], None] | None = None) -> dict:
-    """Train on (question index, sentence index, weight) pairs with ``compress.training.train``;
+    """Train on (question index, sentence index, weight) pairs with ``compress.training.loop.train``;
     returns its result. Hooks get the Hugging Face encoder (what pruning masks apply to)."""
     return train(model, tokenizer, list(pairs), cfg, list(hooks), log=log,
                  collate=pair_collate(tokenizer, questions, sentences, cfg.max_length),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.tasks.base import DataOptions, TaskSpec, TextDataset, data_dir_from_env, refuse_column_options
 from compress.tasks.classification import (
     AG_NEWS_LABELS,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compress.errors import DataError, UsageError
+from compress.core.errors import DataError, UsageError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import itertools
 from importlib import resources
 from pathlib import Path
 
-from compress.errors import DataError
+from compress.core.errors import DataError
 from compress.tasks.base import DataOptions, TextDataset, check_label, task_folder
 from compress.tasks.readers import column, read_delimited, read_jsonl, read_text
 

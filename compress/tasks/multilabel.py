@@ -7,7 +7,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from compress.errors import DataError
+from compress.core.errors import DataError
 from compress.tasks.base import DataOptions, TextDataset, task_folder
 from compress.tasks.readers import read_text
 

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compress.errors import DataError, UsageError
+from compress.core.errors import DataError, UsageError
 from compress.tasks.base import DataOptions, refuse_column_options
 
 SQUAD_DIRS = ("squad_v1.1", "squad", "squad_v1")

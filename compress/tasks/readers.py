@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from compress.errors import DataError
+from compress.core.errors import DataError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 

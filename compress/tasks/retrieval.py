@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from compress.errors import DataError
+from compress.core.errors import DataError
 from compress.tasks.base import DataOptions, refuse_column_options
 from compress.tasks.qa import QADataset, load_squad_split
 

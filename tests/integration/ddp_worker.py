@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from compress.distributed import assert_same_across_ranks, is_distributed, tensor_checksum
-from compress.errors import IntegrityError
-from compress.training import TrainConfig, TrainHook, encode, train
+from compress.core.distributed import assert_same_across_ranks, is_distributed, tensor_checksum
+from compress.core.errors import IntegrityError
+from compress.training.loop import TrainConfig, TrainHook, encode, train
 
 
 def sparsity_at(step: int, every: int) -> float:
@@ -80,7 +80,7 @@ class MagnitudeMaskHook(TrainHook):
 def build(seed: int = 0):
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

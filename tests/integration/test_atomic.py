@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-import compress.models
+import compress.models.loading
 from compress.cli.main import main
-from compress.runs import RunDir
+from compress.core.runs import RunDir
 from tests.integration.test_resume import tiny_classifier  # noqa: F401 - fixture
 
 ARGS = ["--max-steps", "6", "--batch-size", "8", "--max-length", "24", "--log-every", "1", "--seed", "3"]
@@ -56,14 +56,14 @@ def test_ctrl_c_after_a_checkpoint_keeps_it_and_resume_completes(tiny_classifier
 
 
 def _failing_save(monkeypatch):
-    real = compress.models.save_model  # what the training workflows save through (save_run_model)
+    real = compress.models.loading.save_model  # what the training workflows save through (save_run_model)
 
     def save_then_disk_full(model, tokenizer, folder, meta):
         real(model, tokenizer, folder, meta)
         (folder / "model.safetensors").write_bytes(b"\0" * 10)  # a torn file
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "model.safetensors"))
 
-    monkeypatch.setattr(compress.models, "save_model", save_then_disk_full)
+    monkeypatch.setattr(compress.models.loading, "save_model", save_then_disk_full)
 
 
 def test_disk_full_while_saving_the_model_leaves_no_run_folder(tiny_classifier, tmp_path,  # noqa: F811
@@ -123,7 +123,7 @@ def test_sigterm_is_handled_as_ctrl_c_and_the_run_resumes(tiny_classifier, tmp_p
     import os
     import signal
 
-    from compress.runs import OWNER_FILE
+    from compress.core.runs import OWNER_FILE
 
     base = ["finetune", "--model", str(tiny_classifier), *ARGS, "--checkpoint-every", "2",
             "--out", str(tmp_path / "r")]

@@ -64,7 +64,7 @@ def test_global_scope(arch, tiny_encoder, tmp_path):
 def test_an_unsupported_architecture_is_one_line_exit_2_nothing_written(tmp_path):
     from transformers import AutoTokenizer, MPNetConfig, MPNetModel
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     folder = tmp_path / "mpnet"
     MPNetModel(MPNetConfig(vocab_size=30527, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from compress.errors import CompressError
+from compress.core.errors import CompressError
 from compress.recipes.sweep import SweepConfig, run_sweep
 from tests.conftest import run_cli
 
@@ -144,7 +144,7 @@ def test_compress_run_unknown_pipeline(tmp_path):
 def test_the_teacher_of_a_kd_sweep_is_checked_once_before_any_cell(tiny_bert, tmp_path, monkeypatch):
     """A teacher fine-tuned on the sample (negative/positive) for a sweep over a csv task with
     other labels: refused in one line before the first cell, the teacher loaded once."""
-    import compress.models as models
+    import compress.models.loading as models
 
     teacher = tmp_path / "teacher"
     res = run_cli("finetune", "--model", str(tiny_bert), "--max-steps", "1", "--batch-size", "8",

@@ -84,7 +84,7 @@ def test_a_diverging_rank_is_caught_with_the_tensor_named(tmp_path):
 
 KILL_AFTER_STEP_5 = """
 import os, signal, sys
-from compress.runs import RunDir
+from compress.core.runs import RunDir
 real = RunDir.log_metrics
 
 def log_then_die(self, record):

@@ -69,7 +69,7 @@ def test_sigkill_mid_gradual_pruning_then_resume_equals_uninterrupted(tiny_bert,
 KILL_OR_FORBID = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    import compress.training as training
+    import compress.training.loop as training
     real_save = training.save_checkpoint
 
     def save(folder, model, optimizer, scheduler, hooks, step, **kwargs):

@@ -29,7 +29,7 @@ ARGS = ("--max-steps", "16", "--batch-size", "8", "--max-length", "32", "--log-e
 def tiny_classifier(tmp_path_factory) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny_cls")
@@ -124,7 +124,7 @@ def test_sigkill_during_checkpoint_save_keeps_previous_and_drops_later_metrics(
 
 
 def test_resume_refuses_changed_options_and_keeps_the_run(tiny_classifier, reference, tmp_path):
-    from compress.training import save_checkpoint
+    from compress.training.loop import save_checkpoint
 
     out = tmp_path / "run"
     tmp = tmp_path / ".tmp-run"

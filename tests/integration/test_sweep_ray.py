@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from compress.errors import CompressError, DataError, UsageError
+from compress.core.errors import CompressError, DataError, UsageError
 from compress.recipes.sweep import SweepConfig, build_plan, run_sweep
 from tests.conftest import SHARED_DATA, run_cli
 from tests.unit.test_sweep import FAKE, _sigint_as_in_a_terminal
@@ -166,7 +166,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_sweep_folder_the_nodes_cannot_see_is_refused(ray_cluster, tmp_path, monkeypatch):
-    import compress.sweep_backends as backends
+    import compress.recipes.sweep_backends as backends
 
     monkeypatch.setattr(backends, "write_token", lambda path, token: None)  # the token never lands
     script = tmp_path / "fake_cell.py"

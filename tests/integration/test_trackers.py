@@ -11,7 +11,7 @@ import json
 import pytest
 
 from compress.cli.main import main
-from compress.trackers import scalars
+from compress.training.trackers import scalars
 
 # 8 steps, the gradual schedule over the first half: pruning at steps 0..4
 ARGS = ("--sparsity", "0.4", "--max-steps", "8", "--batch-size", "8", "--max-length", "32",

@@ -1,4 +1,4 @@
-"""Known-answer tests of compress.analysis: every expected number is worked out by hand."""
+"""Known-answer tests of compress.report.analysis: every expected number is worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from compress import analysis as A
+from compress.report import analysis as A
 
 
 def test_pretrain_loss_by_sparsity_adds_dense_point_to_each_curve():

@@ -96,7 +96,7 @@ def _squad_example(answer: str, question: str = "Tower?") -> QAExample:
 def test_a_window_with_no_room_for_the_stride_is_a_data_error(tokenizers):
     """The byte-level BPE spends most of 24 tokens on this question; the Rust tokenizer then panics
     (a BaseException), which must still become the one-line DataError."""
-    from compress.errors import DataError
+    from compress.core.errors import DataError
 
     with pytest.raises(DataError, match="raise --max-length or lower --doc-stride"):
         prepare_train_features(tokenizers["roberta"], [_squad_example("Paris", "What does Paris have?")],
@@ -141,7 +141,7 @@ def test_match_tokenizer_inputs_drops_what_the_forward_does_not_take():
     here emits them; ALBERT's takes them."""
     from transformers import AutoModel
 
-    from compress.models import match_tokenizer_inputs
+    from compress.models.loading import match_tokenizer_inputs
 
     for arch, expected in (("distilbert", ["input_ids", "attention_mask"]),
                            ("albert", ["input_ids", "token_type_ids", "attention_mask"])):

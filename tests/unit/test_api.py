@@ -254,7 +254,7 @@ def test_library_does_not_import_the_examples():
 
 
 def test_card_base_model_follows_compress_folders_to_the_hub_id(tmp_path):
-    from compress.modelcard import hub_base_model
+    from compress.report.modelcard import hub_base_model
 
     pruned, tuned = tmp_path / "pruned", tmp_path / "tuned"
     (pruned / "model").mkdir(parents=True)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, MPNetConfig, MPNetModel
 
-from compress.architectures import encoder_layers, layout_for
-from compress.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError
 from compress.measure.sparsity import format_sparsity_table, sparsity_report
+from compress.models.architectures import encoder_layers, layout_for
 from compress.pruning.pruner import ScheduledPruner
 from compress.pruning.schedules import OneShotSchedule
 from compress.pruning.targets import canonical_name, select_targets

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from compress.core.errors import DataError, UsageError
 from compress.distill.augment import (
     AugmentConfig,
     TagUnigrams,
@@ -20,7 +21,6 @@ from compress.distill.augment import (
     split_words,
     tag_texts,
 )
-from compress.errors import DataError, UsageError
 
 WORDS = "the film is a quiet and moving portrait of grief".split()
 
@@ -217,7 +217,7 @@ def test_wordpiece_reads_copies_as_it_read_space_joined_words(nltk_data):
     copies were written before), so WordPiece transfer sets give the same token ids as then."""
     import re
 
-    from compress.models import load_tokenizer
+    from compress.models.loading import load_tokenizer
     from compress.tasks import DataOptions, get_task
 
     tok = load_tokenizer("minilm")

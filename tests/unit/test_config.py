@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from compress.config import check_range, load_yaml, resolve_config, to_dict
-from compress.errors import UsageError
-from compress.training import TrainConfig
+from compress.core.config import check_range, load_yaml, resolve_config, to_dict
+from compress.core.errors import UsageError
+from compress.training.loop import TrainConfig
 
 
 @dataclass(frozen=True)

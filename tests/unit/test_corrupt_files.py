@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from compress.cli.main import main
-from compress.errors import CorruptFileError
-from compress.models import check_safetensors_file
+from compress.core.errors import CorruptFileError
+from compress.models.loading import check_safetensors_file
 from compress.pruning.integrity import MASKS_FILE, save_masks
 
 

@@ -9,9 +9,9 @@ import inspect
 
 import pytest
 
-from compress.config import check_sparsity
+from compress.core.config import check_sparsity
+from compress.core.errors import UsageError
 from compress.distill.losses import DEFAULT_TEMPERATURE
-from compress.errors import UsageError
 from compress.pruning.schedules import DEFAULT_POWER
 
 

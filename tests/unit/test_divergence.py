@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import compress.distill.train as distill_train
-import compress.training as T
-from compress.errors import TrainingDivergedError
+import compress.training.loop as T
+from compress.core.errors import TrainingDivergedError
 from compress.tasks import TASKS, DataOptions
-from compress.training import TrainConfig, TrainHook, checkpoint_dirs, train
+from compress.training.loop import TrainConfig, TrainHook, checkpoint_dirs, train
 
 CFG = dict(lr=1e-3, max_steps=6, batch_size=8, max_length=24, log_every=1, warmup_ratio=0.0, seed=5)
 
@@ -28,7 +28,7 @@ def _model():
 def tok():
     from transformers import AutoTokenizer
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     return AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
 

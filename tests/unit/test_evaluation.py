@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from compress.evaluation import evaluate, torch_logits_fn
 from compress.export.inputs import declared_inputs
 from compress.export.loading import LoadedModel
 from compress.export.onnx import export_onnx
-from compress.models import load_classifier
+from compress.models.loading import load_classifier
 from compress.recipes.export import ort_accuracy
 from compress.recipes.finetune import TaskDataConfig, load_task_data
+from compress.training.evaluation import evaluate, torch_logits_fn
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

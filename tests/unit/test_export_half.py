@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import TensorProto, numpy_helper
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.export.loading import load_torch_model, wrap_module
 from compress.export.onnx import check_parity, export_onnx
 from compress.export.optimize import optimize_onnx

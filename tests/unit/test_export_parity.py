@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from compress.errors import ModelError, ParityError, UsageError
+from compress.core.errors import ModelError, ParityError, UsageError
 from compress.export.loading import load_torch_model, wrap_module
 from compress.export.onnx import FP32_ATOL, check_parity, export_onnx
 from compress.export.optimize import (
@@ -409,7 +409,7 @@ def test_every_architecture_exports_with_parity(arch, tiny_encoder, tmp_path):
 def test_role_tables_name_optimizer_types_onnxruntime_has():
     from onnxruntime.transformers.optimizer import MODEL_TYPES
 
-    from compress.architectures import LAYOUTS
+    from compress.models.architectures import LAYOUTS
 
     for layout in LAYOUTS.values():
         assert layout.ort_model_type is None or layout.ort_model_type in MODEL_TYPES, layout.name

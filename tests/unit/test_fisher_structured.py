@@ -12,9 +12,9 @@ import torch
 from torch.func import functional_call
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
-from compress.architectures import encoder_layers, head_layout
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.measure.flops import count_flops
+from compress.models.architectures import encoder_layers, head_layout
 from compress.pruning.fisher_search import rearrange_masks, removal_cost, search_masks
 from compress.pruning.fisher_structured import (
     fisher_importance,

@@ -128,7 +128,7 @@ def test_handles_table_covers_attention_and_rnns():
 def test_minilm_at_128_matches_formula(attn):
     from transformers import AutoModelForSequenceClassification
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     model = AutoModelForSequenceClassification.from_pretrained(
         packaged_model_path("minilm"), num_labels=2, attn_implementation=attn).eval()

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compress.cli.main import COMMANDS, main
-from compress.config import load_yaml, resolve_config
-from compress.errors import CompressError, UsageError
+from compress.core.config import load_yaml, resolve_config
+from compress.core.errors import CompressError, UsageError
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compress.cli.main import main
-from compress.errors import CompressError
+from compress.core.errors import CompressError
 from compress.tasks import TASKS, DataOptions, load_split
 
 SETTINGS = settings(max_examples=40, deadline=None, database=None, derandomize=True,

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from compress.cli.main import build_parser, main
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.tasks import DataOptions, get_task, load_split
 from compress.tasks.qa import load_squad_split
 from compress.tasks.retrieval import load_reqa_split
@@ -121,7 +121,7 @@ def _refusal(argv, config: dict | None = None, tmp_path=None):
 
 
 def test_defaults_and_what_applies_are_never_refused(tmp_path):
-    from compress.config import to_dict
+    from compress.core.config import to_dict
     from compress.recipes.prune import PruneConfig
 
     assert _refusal(["--stage", "pretrain", "--corpus", "c.txt", "--schedule", "oneshot"]) is None

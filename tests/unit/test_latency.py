@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.measure.latency import (
     latency_stats,
     matmul_peak_gflops,

@@ -1,21 +1,27 @@
-"""The import graph keeps its layers. From the bottom:
+"""The import graph keeps its layers, and compress/'s folders are those layers. From the bottom:
 
-0. foundation: errors, config, security, runs, checkpoints, tasks, data, ... (no models, no loops);
-1. blocks: models, training, pruning, distillation, measurement, export, students, ...;
-2. the public API (``compress``, ``compress.api``, ``compress.integrations``);
-3. recipes (``compress.recipes``): one end-to-end workflow per command;
-4. the CLI (``compress.cli``).
+0. foundation (``core/``, ``tasks/``, ``data/``): errors, configs, run folders, checkpoints, task data;
+1. models (``models/``): finding and loading encoders, the role table, pruned-model loading code;
+2. training (``training/``): the loop every stage hooks into, trackers, evaluation;
+3. blocks (``pruning/``, ``distill/``, ``measure/``, ``export/``, ``qa/``, ``retrieval/``,
+   ``report/``, and ``students/`` beside the package);
+4. the public API (``compress/__init__.py``, ``api/``, ``integrations/``);
+5. recipes (``recipes/``): one end-to-end workflow per command;
+6. the CLI (``cli/``, ``__main__.py``).
 
-A module imports only from its own layer or below, counting imports inside functions too; no chain
-of imports leads back to the module it starts from (within a layer too); and the
-library (compress/, students/) never imports pipelines/: pipelines are workflows built on the
-library, loaded by path by ``compress run``, never the other way round. Workflows (``run_*``)
-live in recipes/ and cli/ only."""
+A module's layer is its folder's: no module lies loose in compress/ and every folder is named in
+``LAYERS`` once, so a new folder has to say where it stands. A module imports only from its own
+layer or below, counting imports inside functions too; no chain of imports leads back to the module
+it starts from (within a layer too); and the library (compress/, students/) never imports
+pipelines/: pipelines are workflows built on the library, loaded by path by ``compress run``, never
+the other way round. Workflows (``run_*``) live in recipes/ and cli/ only."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,28 +40,33 @@ def _imported_modules(path: Path) -> list[str]:
     return names
 
 
-FOUNDATION = ("compress.errors", "compress.config", "compress.hooks", "compress.security",
-              "compress.distributed", "compress.architectures", "compress.metrics", "compress.runs",
-              "compress.checkpoints", "compress.version", "compress.data", "compress.tasks")
-API = ("compress", "compress.api", "compress.integrations")
-LAYER_NAMES = ("foundation", "blocks", "public API", "recipes", "CLI")
-
-
-def _within(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes if p != "compress") or (
-        "compress" in prefixes and module == "compress")
+# compress/'s folders, bottom layer first; compress/__init__.py is the public API, __main__.py the CLI,
+# and students/ (beside the package) a block
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("core", "tasks", "data")),
+    ("models", ("models",)),
+    ("training", ("training",)),
+    ("blocks", ("pruning", "distill", "measure", "export", "qa", "retrieval", "report")),
+    ("public API", ("api", "integrations")),
+    ("recipes", ("recipes",)),
+    ("CLI", ("cli",)),
+)
+LAYER_NAMES = tuple(name for name, _ in LAYERS)
+LAYER_OF_FOLDER = {folder: i for i, (_, folders) in enumerate(LAYERS) for folder in folders}
 
 
 def layer_of(module: str) -> int:
-    if _within(module, ("compress.cli",)) or module == "compress.__main__":
-        return 4
-    if _within(module, ("compress.recipes",)):
-        return 3
-    if _within(module, API):
-        return 2
-    if _within(module, FOUNDATION):
-        return 0
-    return 1
+    """The layer of a library module, read from its folder: ``compress.pruning.masks`` -> blocks."""
+    parts = module.split(".")
+    if parts[0] == "students":
+        return LAYER_NAMES.index("blocks")
+    if module == "compress":
+        return LAYER_NAMES.index("public API")
+    if module == "compress.__main__":
+        return LAYER_NAMES.index("CLI")
+    if parts[0] != "compress" or parts[1] not in LAYER_OF_FOLDER:
+        raise KeyError(f"{module} lies in no folder of LAYERS; add its folder to the layer it belongs to")
+    return LAYER_OF_FOLDER[parts[1]]
 
 
 def _module_name(path: Path) -> str:
@@ -187,7 +198,7 @@ def test_pipelines_table_points_at_real_files():
 
 def test_every_import_goes_to_the_same_layer_or_below():
     graph = module_graph(_library_files())
-    assert {"compress.recipes.prune", "compress.training", "compress.cli.main"} <= set(graph)
+    assert {"compress.recipes.prune", "compress.training.loop", "compress.cli.main"} <= set(graph)
     bad = [f"{a} ({LAYER_NAMES[layer_of(a)]}) imports {b} ({LAYER_NAMES[layer_of(b)]})"
            for a, targets in sorted(graph.items()) for b in sorted(targets) if layer_of(b) > layer_of(a)]
     assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
@@ -195,19 +206,39 @@ def test_every_import_goes_to_the_same_layer_or_below():
 
 def test_layer_scanner_sees_imports_inside_functions_and_relative_ones(tmp_path, monkeypatch):
     pkg = tmp_path / "compress"
-    (pkg / "pruning").mkdir(parents=True)
-    (pkg / "recipes").mkdir()
+    for d in ("pruning", "recipes", "core"):
+        (pkg / d).mkdir(parents=True)
     for f in ("__init__.py", "pruning/__init__.py", "recipes/__init__.py", "recipes/prune.py",
-              "errors.py"):
+              "core/__init__.py", "core/errors.py"):
         (pkg / f).write_text("")
     (pkg / "pruning" / "masks.py").write_text(
-        "from ..errors import UsageError\n"
+        "from ..core.errors import UsageError\n"
         "def f():\n    from compress.recipes import prune\n    return prune\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     graph = module_graph(sorted(pkg.rglob("*.py")))
-    assert graph["compress.pruning.masks"] == {"compress.errors", "compress.recipes.prune"}
-    assert layer_of("compress.pruning.masks") == 1 and layer_of("compress.recipes.prune") == 3
-    assert layer_of("compress.errors") == 0 and layer_of("compress") == 2
+    assert graph["compress.pruning.masks"] == {"compress.core.errors", "compress.recipes.prune"}
+    assert layer_of("compress.pruning.masks") == 3 and layer_of("compress.recipes.prune") == 5
+    assert layer_of("compress.core.errors") == 0 and layer_of("compress") == 4
+    assert layer_of("compress.__main__") == 6 and layer_of("students.bilstm") == 3
+
+
+def test_a_module_outside_the_layer_folders_has_no_layer():
+    for module in ("compress.errors", "compress.newfolder.thing"):  # loose, or in an unlisted folder
+        with pytest.raises(KeyError, match="no folder of LAYERS"):
+            layer_of(module)
+
+
+def test_the_folders_of_compress_are_its_layers():
+    """Every module of compress/ is in a folder, every folder is in exactly one layer, and every
+    layer's folder exists."""
+    package = ROOT / "compress"
+    loose = sorted(p.name for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules loose in compress/ (put each in its layer's folder): {loose}"
+    folders = {p.name for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    listed = [f for _, fs in LAYERS for f in fs]
+    assert len(listed) == len(set(listed)), "a folder is named in two layers"
+    assert folders == set(listed), (f"folders in no layer: {sorted(folders - set(listed))}; "
+                                    f"layers naming a missing folder: {sorted(set(listed) - folders)}")
 
 
 def test_workflows_live_in_recipes_and_cli_only():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compress.core.errors import UsageError
 from compress.distill.train import StudentTrainConfig, train_student
-from compress.errors import UsageError
 from compress.recipes.distill import hold_out
 from compress.tasks.base import TextDataset
 from students.registry import build_student, student_config

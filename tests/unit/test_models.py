@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from compress.errors import ModelError
-from compress.models import load_classifier, packaged_model_path, resolve_model
+from compress.core.errors import ModelError
+from compress.models.loading import load_classifier, packaged_model_path, resolve_model
 
 
 def test_minilm_is_the_packaged_model():
@@ -33,7 +33,7 @@ def test_missing_local_path_and_bad_folder(tmp_path):
 
 
 def test_a_hub_name_is_passed_through_when_the_hub_can_answer(monkeypatch):
-    import compress.models as models
+    import compress.models.loading as models
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(models, "_hub_answers", lambda timeout: True)
@@ -46,7 +46,7 @@ def test_a_hub_name_is_passed_through_when_the_hub_can_answer(monkeypatch):
 @pytest.mark.parametrize("offline, answers, why", [("1", True, "HF_HUB_OFFLINE is set"),
                                                    ("", False, "huggingface.co does not answer")])
 def test_an_uncached_hub_name_without_a_hub_is_one_line_at_once(monkeypatch, offline, answers, why):
-    import compress.models as models
+    import compress.models.loading as models
 
     monkeypatch.setenv("HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(models, "_hub_answers", lambda timeout: answers)
@@ -87,7 +87,7 @@ def test_a_head_trained_for_other_labels_is_not_carried_over(tiny_bert, tmp_path
     # head's shape matches, so only the saved label names tell that it belongs to another task.
     import torch
 
-    from compress.models import save_model
+    from compress.models.loading import save_model
 
     model, tok, _ = load_classifier(str(tiny_bert), ("negative", "positive"))
     with torch.no_grad():
@@ -113,8 +113,8 @@ def test_one_loader_maps_every_loading_failure_to_one_line(tiny_bert, tmp_path):
 
     from transformers import AutoModel, AutoModelForQuestionAnswering
 
-    from compress.errors import ModelError
-    from compress.models import load_pretrained
+    from compress.core.errors import ModelError
+    from compress.models.loading import load_pretrained
 
     enc = load_pretrained(AutoModel, str(tiny_bert), what="an encoder")
     assert enc.config.hidden_size == 32

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.pruning.calibration import calibration_sample, gather_stats, prune_calibrated
 from compress.pruning.criteria import CRITERIA, LayerStats, get_criterion, weight_only
 from compress.pruning.masks import NMPattern, keep_mask_flat

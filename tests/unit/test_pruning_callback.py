@@ -76,7 +76,7 @@ def test_callback_prunes_on_schedule_logs_and_resumes(parts, tmp_path):
 
 
 def test_callback_stops_a_diverged_run_before_saving_its_step(parts, tmp_path, monkeypatch):
-    from compress.errors import TrainingDivergedError
+    from compress.core.errors import TrainingDivergedError
 
     config, tokenizer, data = parts
     model, calls = _model(config), []

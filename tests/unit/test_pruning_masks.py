@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.pruning.criteria import CRITERIA, get_criterion, random_scores
 from compress.pruning.masks import (
     SCOPES,

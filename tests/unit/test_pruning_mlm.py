@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from compress.errors import DataError
-from compress.models import packaged_model_path
+from compress.core.errors import DataError
+from compress.models.loading import packaged_model_path
 from compress.pruning.mlm import (
     HEAD_FILE,
     MaskedLMObjective,
@@ -158,7 +158,7 @@ def test_sharded_checkpoint_is_read_from_its_index(tmp_path):
 
 
 def test_a_head_of_another_width_is_a_one_line_error(tok):
-    from compress.errors import ModelError
+    from compress.core.errors import ModelError
 
     small = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=32)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.pruning.masks import NMPattern, broken_groups, nm_mask
 from compress.pruning.pruner import ScheduledPruner
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule
@@ -152,7 +152,7 @@ def test_prune_config_sets_sparsity_and_refuses_conflicts():
 def test_sparsity_report_detects_two_four_and_the_verdict_per_device():
     from transformers import BertConfig, BertModel
 
-    from compress.api import prune_model
+    from compress.api.functions import prune_model
     from compress.measure.sparsity import format_sparsity_table, sparsity_report
     from compress.measure.verdict import semi_structured_verdict
 
@@ -184,7 +184,7 @@ def test_sparsity_report_detects_two_four_and_the_verdict_per_device():
 def test_measure_reports_the_pattern_and_storage_only_on_this_cpu():
     from transformers import BertConfig, BertModel
 
-    from compress.api import measure_model, prune_model
+    from compress.api.functions import measure_model, prune_model
     from compress.recipes.measure import format_measure
 
     if torch.cuda.is_available():

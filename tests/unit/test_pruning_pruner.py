@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-from compress.errors import IntegrityError
+from compress.core.errors import IntegrityError
 from compress.pruning.integrity import check_masks, load_masks, save_masks
 from compress.pruning.pruner import (
     InformationDeletionHook,
@@ -19,7 +19,7 @@ from compress.pruning.pruner import (
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule
 from compress.pruning.targets import select_targets
 from compress.tasks.classification import load_sample
-from compress.training import TrainConfig, TrainHook, encode, train
+from compress.training.loop import TrainConfig, TrainHook, encode, train
 
 
 def _model(seed=0, hidden=64, layers=2):
@@ -171,7 +171,7 @@ def test_masks_roundtrip_safetensors(tmp_path):
 
 
 def _train_with(hooks_for, tiny_bert, steps=12):
-    from compress.models import load_classifier
+    from compress.models.loading import load_classifier
 
     model, tok, _ = load_classifier(str(tiny_bert), ("negative", "positive"))
     p = ScheduledPruner(select_targets(model), OneShotSchedule(0.5))

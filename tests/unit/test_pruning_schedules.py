@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.pruning.schedules import GradualSchedule, OneShotSchedule, make_schedule
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 from compress.pruning.targets import select_targets
 
 CFG = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,

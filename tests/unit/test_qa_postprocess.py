@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compress.models import load_tokenizer
+from compress.models.loading import load_tokenizer
 from compress.qa.features import prepare_eval_features
 from compress.qa.postprocess import best_spans, postprocess_predictions
 from compress.tasks.qa import QAExample

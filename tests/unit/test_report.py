@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from compress.errors import DataError
+from compress.core.errors import DataError
 from compress.report import write_report
 from tests.conftest import run_cli
 

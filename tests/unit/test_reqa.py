@@ -149,7 +149,7 @@ def test_unlabeled_questions_get_mined_pairs_only(tiny_bert, tmp_path, nltk_data
 
 
 def test_unlabeled_questions_need_a_train_limit():
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
     from compress.recipes.reqa_mining import ReQAMiningConfig
 
     with pytest.raises(UsageError, match="add --train-limit"):
@@ -181,7 +181,7 @@ def test_cross_encoder_trains_with_its_own_lr_and_epochs(reqa, tiny_bert, monkey
 
 
 def test_teacher_lr_must_be_positive():
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
     from compress.recipes.reqa_mining import ReQAMiningConfig
 
     with pytest.raises(UsageError, match="--teacher-lr must be in"):

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from compress.errors import DataError, UsageError
-from compress.runs import RunDir, records_upto
-from compress.training import save_checkpoint
+from compress.core.errors import DataError, UsageError
+from compress.core.runs import RunDir, records_upto
+from compress.training.loop import save_checkpoint
 
 
 def _checkpoint(run: RunDir, step: int) -> None:
@@ -224,7 +224,7 @@ def _other_live_pid():
 
 
 def test_a_run_being_written_by_a_live_process_is_never_opened_twice(tmp_path):
-    from compress.runs import OWNER_FILE
+    from compress.core.runs import OWNER_FILE
 
     with RunDir("x", out=tmp_path / "r") as run:
         assert (run.path / OWNER_FILE).read_text().strip() == str(__import__("os").getpid())
@@ -244,7 +244,7 @@ def test_a_run_being_written_by_a_live_process_is_never_opened_twice(tmp_path):
 
 
 def test_the_lock_of_a_dead_process_lets_resume_continue(tmp_path):
-    from compress.runs import OWNER_FILE
+    from compress.core.runs import OWNER_FILE
 
     with pytest.raises(KeyboardInterrupt), RunDir("x", out=tmp_path / "r") as run:
         _checkpoint(run, 2)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compress.errors import IntegrityError, ModelError
+from compress.core.errors import IntegrityError, ModelError
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("compress", "students", "pipelines")
@@ -160,7 +160,7 @@ class _Hostile:
 
 
 def test_hostile_checkpoint_is_refused_without_running_code(tmp_path):
-    from compress.checkpoints import _sha256, load_checkpoint
+    from compress.core.checkpoints import _sha256, load_checkpoint
 
     marker = tmp_path / "pwned"
     _Hostile.marker = str(marker)
@@ -179,7 +179,7 @@ def test_hostile_checkpoint_is_refused_without_running_code(tmp_path):
 def test_model_folder_with_only_a_pickle_checkpoint_is_not_loaded(tmp_path):
     from transformers import BertConfig
 
-    from compress.models import load_classifier, packaged_model_path
+    from compress.models.loading import load_classifier, packaged_model_path
 
     marker = tmp_path / "pwned"
     _Hostile.marker = str(marker)

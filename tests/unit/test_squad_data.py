@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from compress.errors import DataError, UsageError
+from compress.core.errors import DataError, UsageError
 from compress.tasks.base import DataOptions
 from compress.tasks.qa import load_squad_split, parse_split_by_article, parse_squad
 

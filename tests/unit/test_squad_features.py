@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compress.models import load_tokenizer
+from compress.models.loading import load_tokenizer
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
 from compress.tasks.qa import QAExample
 
@@ -58,7 +58,7 @@ def test_collate_pads_and_stacks_labels(tok):
 
 
 def test_question_too_long_for_the_window_is_a_data_error(tok):
-    from compress.errors import DataError
+    from compress.core.errors import DataError
 
     ex = QAExample("long-q", "T", "Short context here.", " ".join(["why"] * 60), ("Short",), (0,))
     with pytest.raises(DataError, match="longest question: long-q"):
@@ -85,7 +85,7 @@ class _DropsOverflowWindows:
 
 @pytest.mark.parametrize("prepare", [prepare_train_features, prepare_eval_features])
 def test_windows_that_stop_before_the_end_of_the_context_are_a_model_error(tok, prepare):
-    from compress.errors import ModelError
+    from compress.core.errors import ModelError
 
     ex = _long_example()
     windows = prepare(tok, [ex], max_length=64, doc_stride=16)

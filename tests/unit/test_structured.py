@@ -17,10 +17,10 @@ from transformers import (
     BertForSequenceClassification,
 )
 
-from compress.architectures import LAYOUTS, encoder_layers, head_layout
-from compress.errors import UsageError
-from compress.models import save_model
-from compress.pruning import modeling_pruned
+from compress.core.errors import UsageError
+from compress.models import modeling_pruned
+from compress.models.architectures import LAYOUTS, encoder_layers, head_layout
+from compress.models.loading import save_model
 from compress.pruning.structured import (
     CompressBertConfig,
     CompressBertForSequenceClassification,

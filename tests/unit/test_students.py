@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from compress.core.errors import UsageError
 from compress.distill.embeddings import vectors_for_vocab
-from compress.errors import UsageError
 from students.registry import (
     STUDENTS,
     build_student,
@@ -257,9 +257,9 @@ def test_vectors_file_mapped_onto_wordpiece_vocab():
 
 
 def test_vectors_text_file_with_word2vec_header(tmp_path):
+    from compress.core.errors import DataError
     from compress.distill.embeddings import initial_embeddings, read_vectors
-    from compress.errors import DataError
-    from compress.models import load_tokenizer
+    from compress.models.loading import load_tokenizer
 
     f = tmp_path / "vec.txt"
     f.write_text("3 4\nfilm 1 2 3 4\nthe 0.5 0.5 0.5 0.5\nplay 1 1 1 1\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from compress.errors import CompressError, UsageError
+from compress.core.errors import CompressError, UsageError
 from compress.recipes.sweep import SweepConfig, build_plan, parse_sparsities, run_sweep
 from tests.conftest import run_cli
 
@@ -416,7 +416,7 @@ def test_backend_can_change_between_runs_of_one_sweep(tmp_path, fake_runner):
 
     a = SweepConfig(out=str(tmp_path), runner=fake_runner)
     b = SweepConfig(out=str(tmp_path), runner=fake_runner, backend="ray", address="auto", gpus_per_cell=1.0)
-    from compress.config import to_dict
+    from compress.core.config import to_dict
 
     assert _comparable(to_dict(a)) == _comparable(to_dict(b))
 
@@ -436,7 +436,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("scheme, fix", [("", "ray start --head --port="),
                                          ("ray://", "--ray-client-server-port=")])
 def test_a_dead_address_is_refused_in_one_line_within_seconds(scheme, fix, monkeypatch):
-    from compress.sweep_backends import check_address
+    from compress.recipes.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     port = _closed_port()
@@ -451,7 +451,7 @@ def test_a_dead_address_is_refused_in_one_line_within_seconds(scheme, fix, monke
 
 
 def test_ray_address_overrides_an_unset_address_as_it_does_for_ray_init(monkeypatch):
-    from compress.sweep_backends import check_address
+    from compress.recipes.sweep_backends import check_address
 
     port = _closed_port()
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
@@ -465,7 +465,7 @@ def test_auto_without_a_cluster_or_with_a_stale_one_is_refused(monkeypatch):
     pytest.importorskip("ray")
     import ray._private.services as services
 
-    from compress.sweep_backends import check_address
+    from compress.recipes.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
@@ -484,7 +484,7 @@ def test_auto_without_a_cluster_or_with_a_stale_one_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["http://head:6379", "head:port"])
 def test_a_malformed_address_is_a_usage_error(bad):
-    from compress.sweep_backends import check_address
+    from compress.recipes.sweep_backends import check_address
 
     with pytest.raises(UsageError, match=f"--address {bad}"):
         check_address(bad)
@@ -525,7 +525,7 @@ def _node(cpus, gpus=0.0, ip="10.0.0.1", alive=True):
 
 
 def test_a_cell_larger_than_every_node_is_refused_naming_the_largest():
-    from compress.sweep_backends import check_cell_fits
+    from compress.recipes.sweep_backends import check_cell_fits
 
     nodes = [_node(8, ip="10.0.0.1"), _node(4, 1, ip="10.0.0.2"), _node(64, 8, ip="10.0.0.9", alive=False)]
     check_cell_fits(nodes, 8, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compress.errors import DataError, UsageError
+from compress.core.errors import DataError, UsageError
 from compress.tasks import TASKS, DataOptions, get_task, load_split
 from compress.tasks.multilabel import parse_sgml
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from compress.core.errors import UsageError
 from compress.distill.teacher import cached_logits, read_cache, teacher_fingerprint, transfer_key
-from compress.errors import UsageError
 from compress.recipes import distill as workflow
 
 

@@ -54,13 +54,13 @@ def test_load_teacher_self_is_an_eval_mode_copy_of_the_dense_model_in_training()
 
 
 def test_load_teacher_from_a_folder_is_in_eval_mode_whatever_the_loader_hands_back(monkeypatch):
-    import compress.models
+    import compress.models.loading
     from compress.distill import teacher_kd
 
     loaded = _classifier(1).train()
-    monkeypatch.setattr(compress.models, "load_classifier",
+    monkeypatch.setattr(compress.models.loading, "load_classifier",
                         lambda spec, labels, **kw: (loaded, None, {"label_names": list(labels)}))
-    monkeypatch.setattr(compress.models, "resolve_model", lambda spec: f"/models/{spec}")
+    monkeypatch.setattr(compress.models.loading, "resolve_model", lambda spec: f"/models/{spec}")
     monkeypatch.setattr(teacher_kd, "check_teacher_fits", lambda *a, **kw: None)
     teacher, folder = teacher_kd.load_teacher(SimpleNamespace(teacher="big", model="small"), LABELS, None,
                                               False)

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from compress.core.errors import UsageError
 from compress.distill.teacher_kd import (
     TEACHER_LOGITS,
     TeacherKDOptions,
@@ -16,7 +17,6 @@ from compress.distill.teacher_kd import (
     attach_teacher_logits,
     teacher_logits_collate,
 )
-from compress.errors import UsageError
 
 
 class _Out:
@@ -194,8 +194,8 @@ def test_span_distillation_lambda_zero_is_the_plain_objective_and_the_teacher_st
 def test_a_teacher_that_does_not_fit_is_a_model_error_whatever_the_mismatch():
     """Other labels and another tokenizer are the same kind of error (a model that does not fit,
     exit 1), not one a usage error (exit 2) and the other a model error."""
+    from compress.core.errors import ModelError
     from compress.distill.teacher_kd import check_teacher_fits
-    from compress.errors import ModelError
 
     class Tok:
         def __init__(self, vocab):

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import compress.training as T
-from compress.errors import CompressError, IntegrityError, UsageError
+import compress.training.loop as T
+from compress.core.errors import CompressError, IntegrityError, UsageError
 from compress.tasks import TASKS, DataOptions
-from compress.training import (
+from compress.training.loop import (
     TrainConfig,
     TrainHook,
     checkpoint_dirs,
@@ -41,7 +41,7 @@ def _model(seed: int = 0, dropout: float = 0.1):
 def tok():
     from transformers import AutoTokenizer
 
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     return AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
 
@@ -328,7 +328,7 @@ def test_keeps_the_last_two_and_falls_back_when_the_newest_is_corrupt(tmp_path, 
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     newest.write_bytes(bytes(data))
-    with caplog.at_level("WARNING", logger="compress.checkpoints"):
+    with caplog.at_level("WARNING", logger="compress.core.checkpoints"):
         assert latest_checkpoint(tmp_path).name == "step-00000004"
     assert [r.getMessage() for r in caplog.records] == [
         "checkpoint step-00000006 does not match its SHA-256; resuming from step-00000004 instead"]
@@ -336,7 +336,7 @@ def test_keeps_the_last_two_and_falls_back_when_the_newest_is_corrupt(tmp_path, 
     older = tmp_path / "step-00000004" / "state.pt"
     older.write_bytes(older.read_bytes()[:100])  # truncated
     caplog.clear()
-    with caplog.at_level("WARNING", logger="compress.checkpoints"):
+    with caplog.at_level("WARNING", logger="compress.core.checkpoints"):
         with pytest.raises(IntegrityError, match="every checkpoint .* is corrupt"):
             latest_checkpoint(tmp_path)
     assert caplog.records == []  # the error's one line says it all: no warning before it
@@ -376,7 +376,7 @@ def test_train_config_refuses(field, value):
 def test_param_groups_put_the_head_at_its_own_lr_and_skip_decay_on_vectors():
     import torch
 
-    from compress.training import TrainConfig, param_groups
+    from compress.training.loop import TrainConfig, param_groups
 
     class M(torch.nn.Module):
         def __init__(self):
@@ -422,7 +422,7 @@ def test_head_lr_and_label_prior_reach_every_architectures_head(arch):
 
     from compress.recipes.finetune import classifier_output_layer, init_bias_to_prior, label_prior_logits
     from compress.tasks.base import TextDataset
-    from compress.training import TrainConfig, param_groups
+    from compress.training.loop import TrainConfig, param_groups
     from tests.tiny_encoders import build
 
     cfg = build(arch)[0]

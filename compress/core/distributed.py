@@ -6,7 +6,7 @@ import hashlib
 
 import torch
 
-from compress.errors import IntegrityError
+from compress.core.errors import IntegrityError
 
 
 def is_distributed() -> bool:

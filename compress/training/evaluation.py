@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.metrics import compute_metrics
-from compress.training import encode, make_collate
+from compress.tasks.metrics import compute_metrics
+from compress.training.loop import encode, make_collate
 
 PredictFn = Callable[[dict[str, torch.Tensor]], Any]  # a batch of model inputs -> logits [batch, labels]
 

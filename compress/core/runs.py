@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from compress.errors import UsageError
-from compress.security import resolve_out, safe_run_name
+from compress.core.errors import UsageError
+from compress.core.security import resolve_out, safe_run_name
 
 
 def artifacts_root() -> Path:
@@ -200,7 +200,7 @@ class RunDir:
                              "--resume to start a new run")
         self.resume = resume
         self.resumed = False
-        # an experiment tracker (compress.trackers.start_tracking) that the logged records go to too
+        # an experiment tracker (compress.training.trackers.start_tracking) that the logged records go to too
         self.tracker = None
         self._phases_done: dict[str, dict] = {}
         if self.rank > 0:
@@ -272,8 +272,8 @@ class RunDir:
         leaves no half-written folder; a diverged run (TrainingDivergedError) also stays when
         another loop's checkpoint file is there (a student's ``student.pt``).
         """
-        from compress.checkpoints import checkpoint_dirs
-        from compress.errors import CompressError, TrainingDivergedError
+        from compress.core.checkpoints import checkpoint_dirs
+        from compress.core.errors import CompressError, TrainingDivergedError
 
         if self.resumed:
             return True
@@ -305,7 +305,7 @@ class RunDir:
     def _rewind_metrics(self) -> None:
         """Keep the metrics records of the finished phases and those up to the checkpoint the run
         resumes from, drop the rest."""
-        from compress.checkpoints import checkpoint_step, latest_checkpoint
+        from compress.core.checkpoints import checkpoint_step, latest_checkpoint
 
         path = self.path / "metrics.jsonl"
         lines = complete_records(path)

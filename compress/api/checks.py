@@ -1,4 +1,4 @@
-"""Argument checks of the Python API (``compress.api``): a wrong type or value fails at the call in
+"""Argument checks of the Python API (``compress.api.functions``): a wrong type or value fails at the call in
 one UsageError line naming the argument, what it got and the fix, instead of deep inside torch.
 
 Python's duck typing lets a string through where a number or a list of patterns is meant: '0.4'
@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 
 def _got(value: Any) -> str:

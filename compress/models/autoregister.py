@@ -13,16 +13,16 @@ import importlib.abc
 import importlib.util
 import sys
 
-MODELING = "compress.pruning.modeling_pruned"
+MODELING = "compress.models.modeling_pruned"
 
 
 def register_now() -> None:
     module = sys.modules.get(MODELING)
     if module is not None and not hasattr(module, "register_auto_classes"):
         # transformers is being imported by the modeling module itself, half-way through its own
-        # import: the code that imports it registers the classes (compress.models, structured)
+        # import: the code that imports it registers the classes (compress.models.loading, structured)
         return
-    from compress.pruning.modeling_pruned import register_auto_classes
+    from compress.models.modeling_pruned import register_auto_classes
 
     register_auto_classes()
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from compress.runs import environment
-from compress.version import __version__
+from compress.core.runs import environment
+from compress.core.version import __version__
 
 
 def collect_info() -> dict:
@@ -11,7 +11,7 @@ def collect_info() -> dict:
     run here, ``onnxruntime_providers_built`` all that the installed onnxruntime lists (onnxruntime-gpu
     lists CUDA and TensorRT on a machine without a GPU) and ``onnxruntime_providers_unusable`` why
     each of the others cannot run."""
-    from compress.models import packaged_model_path
+    from compress.models.loading import packaged_model_path
 
     info = {"compress": __version__, **environment()}
     try:

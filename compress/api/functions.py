@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from compress import api_checks as check
+from compress.api import checks as check
 from compress.distill.losses import DEFAULT_TEMPERATURE
 from compress.pruning.schedules import DEFAULT_POWER  # pure Python: no torch at import
 
@@ -50,8 +50,8 @@ def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
     ``--include``/``--exclude`` patterns (glob, ``re:REGEX``, ``role:NAME``). A model outside the
     role table with no ``include`` raises UsageError naming the supported architectures and the fix.
     """
-    from compress.architectures import SUPPORTED, find_layout
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
+    from compress.models.architectures import SUPPORTED, find_layout
     from compress.pruning.targets import select_targets
 
     check.check_module("model", model)
@@ -88,7 +88,7 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     ``register_grad_masks()`` once), ``step(t)`` after optimizer step t (1-based), ``finalize()`` at
     the end -> masks. Out of order raises ``PrunerStateError`` naming the call to make.
     """
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
     from compress.pruning.masks import NMPattern
     from compress.pruning.pruner import ScheduledPruner
     from compress.pruning.schedules import SCHEDULES, make_schedule
@@ -130,7 +130,7 @@ def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "ma
     (``compress.pruning.calibration``); "sparsegpt" also rewrites the kept weights. The word
     embeddings (and other matrices outside the encoder layers) are pruned by magnitude.
     ``initial_masks`` (True = kept) stay pruned."""
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
     from compress.pruning.criteria import get_criterion
 
     if not (isinstance(criterion, str) and get_criterion(criterion).data_aware):
@@ -186,13 +186,13 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike
     ``measure``, ``export`` and ``finetune --model`` read the folder. Returns the sparsity report.
     ``meta`` adds to ``compress.json`` (e.g. ``{"base_model": ..., "task": ...,
     "distillation": {...}}``); ``metrics`` (e.g. ``{"accuracy": 0.91}``) go into the card."""
-    from compress.modelcard import write_model_card
-    from compress.models import save_model as save_folder
+    from compress.models.loading import save_model as save_folder
+    from compress.report.modelcard import write_model_card
 
     check.check_module("model", model)
     check.check_path("folder", folder)
     if masks is not None and not isinstance(masks, dict):
-        from compress.errors import UsageError
+        from compress.core.errors import UsageError
 
         raise UsageError(f"masks must be a dict of name -> bool tensor (what prune_model or "
                          f"pruner.finalize() return) or None, got {type(masks).__name__}")
@@ -211,9 +211,9 @@ def write_pruning_files(folder: str | os.PathLike, model: torch.nn.Module,
     """``masks.safetensors`` and ``sparsity.json`` beside a saved model in ``folder``; the masks are
     checked on ``model`` and, with ``reload_check`` and a ``config.json`` in ``folder``, on the model
     reloaded from disk. Returns the sparsity report."""
+    from compress.core.runs import write_json
     from compress.measure.sparsity import sparsity_report
     from compress.pruning.integrity import MASKS_FILE, check_masks, load_saved_model, save_masks
-    from compress.runs import write_json
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -255,8 +255,8 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     """
     import torch
 
+    from compress.core.errors import UsageError
     from compress.distill.losses import KD_LOSS_CHOICES, MAX_KD_LAMBDA, MAX_TEMPERATURE, distillation_loss
-    from compress.errors import UsageError
 
     for name, t in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
         if not isinstance(t, torch.Tensor):
@@ -302,7 +302,7 @@ def measure_model(model: torch.nn.Module | str | os.PathLike, seq_len: int = 128
     ``forward(input_ids, attention_mask=None)`` contract) or what ``compress measure`` takes (a model
     or run folder, 'minilm', an .onnx file). The model's train/eval mode is left as it was.
     """
-    from compress.config import check_range
+    from compress.core.config import check_range
     from compress.measure.summary import measure_module, measure_spec
 
     check.check_module("model", model, paths_too=True)
@@ -326,7 +326,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     Eager attention exports the graph onnxruntime fuses; a model loaded with SDPA exports too.
     For ``--optimize``/``--quantize int8`` export a saved folder with ``compress export``.
     """
-    from compress.errors import UsageError
+    from compress.core.errors import UsageError
     from compress.export.inputs import DEFAULT_SHAPES
     from compress.export.loading import as_loaded
     from compress.export.onnx import check_parity

@@ -4,7 +4,7 @@ every rank (dropout), hook states (masks), the step and the running loss.
 Each checkpoint is written to a temporary folder, fsynced, hashed (SHA-256) and renamed, and the
 last ``CHECKPOINT_KEEP`` are kept, so a kill or a full disk during a save leaves the previous
 checkpoint intact, and a checkpoint corrupted later is detected by its hash and skipped in favour
-of the one before. ``compress.training`` saves them; ``compress.runs`` finds them to resume.
+of the one before. ``compress.training.loop`` saves them; ``compress.core.runs`` finds them to resume.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.distributed import is_distributed
-from compress.errors import CompressError, IntegrityError
+from compress.core.distributed import is_distributed
+from compress.core.errors import CompressError, IntegrityError
 
 log_ = logging.getLogger(__name__)
 

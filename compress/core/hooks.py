@@ -1,4 +1,4 @@
-"""``TrainHook``: the extension points of the training loop (``compress.training.train``).
+"""``TrainHook``: the extension points of the training loop (``compress.training.loop.train``).
 
 Pruners, distillation losses and trackers implement it; the loop calls it. It lives on the ground
 floor, beside errors and config, so that a hook's module never has to import the loop it plugs into.

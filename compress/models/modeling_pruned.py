@@ -16,9 +16,9 @@ transformers, with no relative imports): ``save_pretrained`` of a pruned model c
 weights and writes ``auto_map`` into ``config.json``, the Hugging Face custom-code convention, so
 ``AutoModelFor...from_pretrained(folder, trust_remote_code=True)`` works where this project is not
 installed. Importing it registers nothing; ``register_auto_classes()`` does (the project calls it
-through ``compress.models.register_model_types``).
+through ``compress.models.loading.register_model_types``).
 
-``MODULE_PATHS`` repeats, for the module paths only, the role table of ``compress.architectures`` (a
+``MODULE_PATHS`` repeats, for the module paths only, the role table of ``compress.models.architectures`` (a
 test keeps the two equal).
 """
 

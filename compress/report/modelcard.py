@@ -116,7 +116,7 @@ def _sparsity(folder: Path, run: Path | None, model, given: dict | None) -> dict
         if cand.is_file():
             return json.loads(cand.read_text(encoding="utf-8"))
     if model is not None:
-        from compress.architectures import find_layout
+        from compress.models.architectures import find_layout
 
         if find_layout(model) is not None:
             from compress.measure.sparsity import sparsity_report

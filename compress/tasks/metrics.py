@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from compress.errors import UsageError
+from compress.core.errors import UsageError
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from compress.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError
 
 ROLES = ("query", "key", "value", "qkv", "pos_query", "pos_key", "attn_out", "ffn_in", "ffn_out")
 # roles whose rows are grouped by head, and the one whose columns are

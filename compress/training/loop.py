@@ -1,11 +1,11 @@
 """The fine-tuning loop: AdamW, linear warm-up/decay, accelerate for devices and DDP.
 
-Pruning and distillation plug in through ``TrainHook`` (``compress.hooks``: mask after each
+Pruning and distillation plug in through ``TrainHook`` (``compress.core.hooks``: mask after each
 optimizer step, replace the loss) instead of subclassing the loop. The batch order of epoch ``e``
 is a permutation seeded by ``seed + e``, so a resumed run sees exactly the batches an
 uninterrupted one would.
 
-Checkpoints (``compress.checkpoints``) hold everything the next step depends on; the loop saves one
+Checkpoints (``compress.core.checkpoints``) hold everything the next step depends on; the loop saves one
 every ``checkpoint_every`` steps and ``--resume`` restores the newest intact one.
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from compress.checkpoints import (  # noqa: F401 - re-exported; the loop saves through these names
+from compress.core.checkpoints import (  # noqa: F401 - re-exported; the loop saves through these names
     CHECKPOINT_KEEP,
     checkpoint_dirs,
     checkpoint_step,
@@ -34,13 +34,13 @@ from compress.checkpoints import (  # noqa: F401 - re-exported; the loop saves t
     save_checkpoint,
     verify_checkpoint,
 )
-from compress.config import check_range, option
-from compress.distributed import assert_tensors_same_across_ranks, is_distributed
-from compress.divergence import check_finite_loss, likely_cause
-from compress.errors import DataError, UsageError
-from compress.hooks import TrainHook  # noqa: F401 - re-exported; hooks subclass it from here too
+from compress.core.config import check_range, option
+from compress.core.distributed import assert_tensors_same_across_ranks, is_distributed
+from compress.core.errors import DataError, UsageError
+from compress.core.hooks import TrainHook  # noqa: F401 - re-exported; hooks subclass it from here too
 from compress.tasks.base import TextDataset
-from compress.trackers import REPORT_TO, check_report_to
+from compress.training.divergence import check_finite_loss, likely_cause
+from compress.training.trackers import REPORT_TO, check_report_to
 
 log_ = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.errors import DataError, UsageError
+from compress.core.errors import DataError, UsageError
 
 BACKENDS = ("local", "ray")
 RAY_INSTALL = "pip install 'compress[ray]'"
