@@ -7,10 +7,10 @@
 #
 #   MODEL=path/to/minilm DATA=../shared/data OUT=artifacts/squad-oneshot benchmarks/squad_oneshot.sh
 #
-# DATA holds squad_v1.1/dev-v1.1.json; FINETUNE_FLAGS adds flags to the fine-tune (e.g. --max-steps 2
-# for a rehearsal) and RUNS chooses the pruned runs. $OUT gets device.txt, dense_summary.json and
-# oneshot_squad.json (one row per pruned run, written as each ends); the models go to $WORK (default:
-# a temporary folder).
+# DATA holds squad_v1.1/dev-v1.1.json. FINETUNE_FLAGS adds flags to the fine-tune (e.g. --max-steps 2
+# for a rehearsal), RUNS chooses the pruned runs, SPLIT (38/10) and MAX_LENGTH (256) the data. $OUT
+# gets device.txt, dense_summary.json and oneshot_squad.json (one row per pruned run, written as each
+# ends); the models go to $WORK (default: a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL:?set MODEL to a MiniLM folder}" "${DATA:?set DATA to a folder holding squad_v1.1/dev-v1.1.json}"
@@ -22,7 +22,9 @@ mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false COMPRESS_NO_PROGRESS=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/device.txt" 2>&1 ||
   echo "no nvidia-smi: $(nproc) CPU cores" > "$OUT/device.txt"
-split=(--task squad --data-dir "$DATA" --split-by-article 38/10 --max-length 256 --seed 42)
+SPLIT="${SPLIT:-38/10}"
+MAX_LENGTH="${MAX_LENGTH:-256}"
+split=(--task squad --data-dir "$DATA" --split-by-article "$SPLIT" --max-length "$MAX_LENGTH" --seed 42)
 start=$(date +%s)
 if [ ! -f "$WORK/dense/summary.json" ]; then
   "$PY" -m compress finetune --model "$MODEL" "${split[@]}" --epochs 2 --lr 1e-4 --batch-size 16 \
@@ -30,6 +32,6 @@ if [ ! -f "$WORK/dense/summary.json" ]; then
 fi
 cp "$WORK/dense/summary.json" "$OUT/dense_summary.json"
 echo "fine-tune: $(( $(date +%s) - start )) s"
-"$PY" benchmarks/oneshot_post_training.py --dense "$WORK/dense" "${split[@]:0:6}" --max-length 256 \
+"$PY" benchmarks/oneshot_post_training.py --dense "$WORK/dense" "${split[@]:0:6}" --max-length "$MAX_LENGTH" \
   --seed 42 --cells oneshot,recovery --only "$RUNS" --runs-dir "$WORK/runs" --out "$OUT/oneshot_squad.json"
 echo "all: $(( $(date +%s) - start )) s"
