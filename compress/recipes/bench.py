@@ -30,6 +30,7 @@ import copy
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,7 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     from compress.export.onnx import check_parity, export_onnx
     from compress.export.ort import OrtModel
     from compress.measure.verdict import speed_verdict
+    from compress.recipes.export import warning_lines
 
     device = setup.device
     loaded = load_torch_model(path, attn_implementation=None)
@@ -282,7 +284,10 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     if "ort" in cfg.runtimes:
         eager = load_torch_model(path, attn_implementation="eager")
         tmp = Path(temps.enter_context(tempfile.TemporaryDirectory(prefix="compress-bench-")))
-        onnx_path = export_onnx(eager, tmp / "model.onnx")
+        with warnings.catch_warnings(record=True) as caught:  # in bench.json, not on the terminal,
+            warnings.simplefilter("always")  # as `compress export` records them in its report
+            onnx_path = export_onnx(eager, tmp / "model.onnx")
+        info["exporter_warnings"] = warning_lines(caught)
         info["parity"] = check_parity(eager, onnx_path, provider=setup.provider)
         sess = OrtModel(onnx_path, provider=setup.provider, threads=cfg.threads or setup.threads)
         found.append(BenchTarget(label, "ort", sess, sess.input_names, loaded.vocab_size, path))

@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -616,6 +617,48 @@ def post_training_meta(cfg: PruneConfig, masks: dict | None, structured: dict | 
             **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}
 
 
+@dataclass
+class OneShot:
+    """What the post-training prune gave: the scores before and after it, the encoded training
+    split (for a recovery), the masks or the structured report, and the prune's own seconds."""
+
+    dense: dict
+    pruned: dict
+    feats: list
+    masks: dict | None
+    calibration: dict | None
+    structured: dict | None
+    seconds: float
+
+
+def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run: RunDir,
+                      score: Callable[[], dict], encode_train: Callable[[], list],
+                      calibration_set: Callable[[list], list[dict]]) -> OneShot:
+    """Score the dense model, prune it once from calibration batches, score it again; both scores
+    logged. The prune's seconds cover encoding the training split, drawing the calibration set and
+    choosing the masks, not the evaluations."""
+    dense = score()
+    run.log_metrics({"phase": "dense", "eval": dense})
+    t_prune = time.time()
+    feats = encode_train()
+    masks, calibration, structured = prune_once(cfg, model, targets, calibration_set(feats), initial, run)
+    seconds = round(time.time() - t_prune, 1)
+    pruned = score()
+    run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
+    return OneShot(dense, pruned, feats, masks, calibration, structured, seconds)
+
+
+def post_training_summary(cfg: PruneConfig, task: str, metric: str, once: OneShot, metrics: dict,
+                          steps: int, started: float) -> dict:
+    """The summary fields both post-training stages (classification, squad) write."""
+    return {"command": "prune", "stage": cfg.stage, "task": task, "model": cfg.model,
+            "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": once.seconds,
+            "train_seconds": round(time.time() - started, 1), "metric": metric,
+            "eval_dense": once.dense, "eval_pruned_before_recovery": once.pruned, "eval": metrics,
+            "structured": once.structured,
+            "calibration": {k: v for k, v in (once.calibration or {}).items() if k != "matrices"} or None}
+
+
 def prune_post_training(cfg: PruneConfig) -> Path:
     """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
     (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
@@ -639,22 +682,15 @@ def prune_post_training(cfg: PruneConfig) -> Path:
             return evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
                                        cfg.eval_batch_size)
 
-        dense = score()
-        run.log_metrics({"phase": "dense", "eval": dense})
-        # prune_seconds: encoding the training split, drawing the calibration set and choosing the
-        # masks; the dense model's evaluation above is not part of the prune
-        t_prune = time.time()
-        feats = encode(tokenizer, data["train"], cfg.max_length)
-        batches = calibration_batches(cfg, tokenizer, feats)
-        masks, calibration, structured = prune_once(cfg, model, targets, batches, initial, run)
-        prune_seconds = round(time.time() - t_prune, 1)
-        pruned = score()
-        run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
-        metrics, steps = pruned, 0
+        once = score_prune_score(cfg, model, targets, initial, run, score,
+                                 lambda: encode(tokenizer, data["train"], cfg.max_length),
+                                 lambda feats: calibration_batches(cfg, tokenizer, feats))
+        metrics, steps = once.pruned, 0
         if cfg.recovery_steps:
-            hooks = [KeepMasksHook(model, masks, {})] if masks else []
+            hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
             hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
-            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], feats, multilabel, run)
+            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], once.feats, multilabel,
+                                  run)
             steps = train(model, tokenizer, kd.pop("feats"), replace(cfg, max_steps=cfg.recovery_steps),
                           hooks, log=lambda r: run.log_metrics({"phase": "recovery", **r}),
                           checkpoint_dir=run.checkpoint_dir, **kd)["steps"]
@@ -664,14 +700,10 @@ def prune_post_training(cfg: PruneConfig) -> Path:
                    if teacher is not None and cfg.recovery_steps else None)
         meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
                 "max_length": cfg.max_length, "base_model": cfg.model,
-                "pruning": post_training_meta(cfg, masks, structured)}
-        save_pruned(run, model, tokenizer, masks, meta, {
-            "command": "prune", "stage": cfg.stage, "task": spec.name, "model": cfg.model,
-            "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": prune_seconds,
-            "train_seconds": round(time.time() - t0, 1), "metric": spec.metric,
-            "eval_dense": dense, "eval_pruned_before_recovery": pruned, "eval": metrics,
-            "structured": structured, "distillation": distill,
-            "calibration": {k: v for k, v in (calibration or {}).items() if k != "matrices"} or None})
+                "pruning": post_training_meta(cfg, once.masks, once.structured)}
+        save_pruned(run, model, tokenizer, once.masks, meta, {
+            **post_training_summary(cfg, spec.name, spec.metric, once, metrics, steps, t0),
+            "distillation": distill})
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 
@@ -701,23 +733,19 @@ def prune_post_training_qa(cfg: PruneConfig) -> Path:
             return evaluate_qa(model, tokenizer, data["dev"], cfg.max_length, doc_stride, cfg.n_best,
                                cfg.max_answer_length, cfg.eval_batch_size)[0]
 
-        dense = score()
-        run.log_metrics({"phase": "dense", "eval": dense})
-        t_prune = time.time()
-        feats = prepare_train_features(tokenizer, data["train"].examples, cfg.max_length, doc_stride)
-        chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
-        batches = [collate_features(tokenizer, chosen[i:i + cfg.batch_size])
-                   for i in range(0, len(chosen), cfg.batch_size)]
-        masks, calibration, structured = prune_once(cfg, model, targets, batches, initial, run)
-        prune_seconds = round(time.time() - t_prune, 1)
-        pruned = score()
-        run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
-        metrics, steps = pruned, 0
+        def calibration_set(feats: list) -> list[dict]:
+            chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
+            return [collate_features(tokenizer, chosen[i:i + cfg.batch_size])
+                    for i in range(0, len(chosen), cfg.batch_size)]
+
+        once = score_prune_score(cfg, model, targets, initial, run, score, lambda: prepare_train_features(
+            tokenizer, data["train"].examples, cfg.max_length, doc_stride), calibration_set)
+        metrics, steps = once.pruned, 0
         if cfg.recovery_steps:
             objective = (SpanDistillation(teacher, cfg.lambda_for(False), cfg.temperature) if teacher
                          else make_objective("plain", model, cfg))
-            hooks = [KeepMasksHook(model, masks, {})] if masks else []
-            steps = train(model, tokenizer, feats, replace(cfg, max_steps=cfg.recovery_steps), hooks,
+            hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
+            steps = train(model, tokenizer, once.feats, replace(cfg, max_steps=cfg.recovery_steps), hooks,
                           log=lambda r: run.log_metrics({"phase": "recovery", **r}),
                           checkpoint_dir=run.checkpoint_dir, collate=partial(collate_features, tokenizer),
                           loss_fn=objective.loss, extra_modules=[objective])["steps"]
@@ -725,13 +753,9 @@ def prune_post_training_qa(cfg: PruneConfig) -> Path:
             run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
         meta = {"task": QA_TASK, "head": "question-answering", "max_length": cfg.max_length,
                 "doc_stride": doc_stride, "n_best": cfg.n_best, "max_answer_length": cfg.max_answer_length,
-                "base_model": cfg.model, "pruning": post_training_meta(cfg, masks, structured)}
-        save_pruned(run, model, tokenizer, masks, meta, {
-            "command": "prune", "stage": cfg.stage, "task": QA_TASK, "model": cfg.model,
-            "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": prune_seconds,
-            "train_seconds": round(time.time() - t0, 1), "metric": "f1", "eval_dense": dense,
-            "eval_pruned_before_recovery": pruned, "eval": metrics, "structured": structured,
-            "calibration": {k: v for k, v in (calibration or {}).items() if k != "matrices"} or None})
+                "base_model": cfg.model, "pruning": post_training_meta(cfg, once.masks, once.structured)}
+        save_pruned(run, model, tokenizer, once.masks, meta,
+                    post_training_summary(cfg, QA_TASK, "f1", once, metrics, steps, t0))
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 

@@ -13,8 +13,9 @@ folder, which therefore must be on storage every node mounts; ``check_shared_sto
 before the first cell starts.
 
 Nothing on the Ray path may hang or fill the terminal: ``check_address`` proves that ``--address``
-answers (a TCP connect of a few seconds) before Ray is asked to join it, since ``ray.init`` on a
-dead address retries for minutes; ``check_cell_fits`` refuses a cell larger than every node, which
+answers as a gRPC server (a TCP connect and the HTTP/2 greeting, a few seconds at most) before Ray
+is asked to join it, since ``ray.init`` on a dead address, or on a port where something else
+listens, retries for minutes; ``check_cell_fits`` refuses a cell larger than every node, which
 Ray would queue for ever; and Ray's own log lines (its notices, the C++ core's connection retries)
 go to ``<sweep>/logs/ray.log``, not to the terminal.
 """
@@ -39,7 +40,7 @@ from compress.core.errors import DataError, UsageError
 
 BACKENDS = ("local", "ray")
 RAY_INSTALL = "pip install 'compress[ray]'"
-CONNECT_TIMEOUT_S = 3.0  # how long --address may take to accept a TCP connection
+CONNECT_TIMEOUT_S = 3.0  # how long --address may take to accept a TCP connection, then to answer
 GCS_PORT, CLIENT_PORT = 6379, 10001  # Ray's default ports: HOST alone, ray://HOST alone
 
 
@@ -234,12 +235,18 @@ def _host_port(text: str, default_port: int, shown: str) -> tuple[str, int]:
     return host, port or default_port
 
 
+# RFC 9113 section 3.4: the client's connection preface, then an empty SETTINGS frame; a gRPC server
+# (Ray's GCS and its Ray Client server both are) answers with a SETTINGS frame of its own
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+SETTINGS_FRAME = 4
+
+
 def _connect(host: str, port: int, timeout: float) -> str | None:
-    """None when something accepts a TCP connection at host:port within ``timeout`` seconds, else
-    why not, in a few words."""
+    """None when a gRPC server answers at host:port within ``timeout`` seconds (a TCP connect, then
+    the HTTP/2 greeting), else why not, in a few words. With ``RAY_USE_TLS`` set the cluster expects
+    a TLS handshake first, so the connect alone is checked."""
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
+        conn = socket.create_connection((host, port), timeout=timeout)
     except socket.gaierror:
         return f"unknown host '{host}'"
     except ConnectionRefusedError:
@@ -248,15 +255,46 @@ def _connect(host: str, port: int, timeout: float) -> str | None:
         return f"no answer within {timeout:g} s"
     except OSError as e:
         return e.strerror or type(e).__name__
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true"):
+            return None
+        head = _greet(conn, timeout)
+    if head is None:
+        return f"something accepts connections there but is silent for {timeout:g} s: not Ray's gRPC port"
+    if len(head) == 9 and head[3] == SETTINGS_FRAME:
+        return None
+    if not head:
+        return "something accepts connections there but closed them unanswered: not Ray's gRPC port"
+    return f"something there answered the HTTP/2 greeting with {head!r}: not Ray's gRPC port"
+
+
+def _greet(conn: socket.socket, timeout: float) -> bytes | None:
+    """The first 9 bytes (one frame header) a server sends back to the HTTP/2 preface; fewer when it
+    closes the connection first; None when it stays silent for ``timeout`` seconds."""
+    head, deadline = b"", time.monotonic() + timeout
+    try:
+        conn.sendall(HTTP2_PREFACE)
+        while len(head) < 9:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return None if not head else head
+    except OSError:  # reset by the peer
+        pass
+    return head
 
 
 def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Prove that ``--address`` answers before ``ray.init`` is asked to join it (it retries a dead
-    address for minutes, printing as it goes). ``HOST:PORT``: a TCP connect to the GCS port;
-    ``ray://HOST:PORT``: to the Ray Client port; ``auto``: Ray's own discovery of a cluster running
-    on this node (the latest ``ray start``), then its GCS port. ``RAY_ADDRESS`` overrides an unset
-    or ``auto`` address, as it does for ``ray.init``. Unset (start Ray here): nothing to check.
-    A dead address is one UsageError line naming it and the fix."""
+    address for minutes, printing as it goes). ``HOST:PORT``: a TCP connect to the GCS port and its
+    gRPC (HTTP/2) greeting; ``ray://HOST:PORT``: the same at the Ray Client port; ``auto``: Ray's
+    own discovery of a cluster running on this node (the latest ``ray start``), then its GCS port.
+    ``RAY_ADDRESS`` overrides an unset or ``auto`` address, as it does for ``ray.init``. Unset
+    (start Ray here): nothing to check. A dead address, or one where something other than Ray
+    listens, is one UsageError line naming it and the fix."""
     env = os.environ.get("RAY_ADDRESS", "").strip()
     shown = f"--address {address}"
     if env and address in (None, "auto"):
