@@ -9,8 +9,9 @@
 #
 # DATA holds squad_v1.1/dev-v1.1.json. FINETUNE_FLAGS adds flags to the fine-tune (e.g. --max-steps 2
 # for a rehearsal), RUNS chooses the pruned runs, SPLIT (38/10) and MAX_LENGTH (256) the data. $OUT
-# gets device.txt, dense_summary.json and oneshot_squad.json (one row per pruned run, written as each
-# ends); the models go to $WORK (default: a temporary folder).
+# gets device.txt, finetune.log, dense_summary.json and oneshot_squad.json (one row per pruned run,
+# written as each ends); the models go to $WORK (default: a temporary folder). A fine-tuned model
+# already in $WORK/dense is used again: remove it after changing SPLIT, MAX_LENGTH or MODEL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL:?set MODEL to a MiniLM folder}" "${DATA:?set DATA to a folder holding squad_v1.1/dev-v1.1.json}"
@@ -24,14 +25,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/dev
   echo "no nvidia-smi: $(nproc) CPU cores" > "$OUT/device.txt"
 SPLIT="${SPLIT:-38/10}"
 MAX_LENGTH="${MAX_LENGTH:-256}"
-split=(--task squad --data-dir "$DATA" --split-by-article "$SPLIT" --max-length "$MAX_LENGTH" --seed 42)
+data=(--task squad --data-dir "$DATA" --split-by-article "$SPLIT")
 start=$(date +%s)
 if [ ! -f "$WORK/dense/summary.json" ]; then
-  "$PY" -m compress finetune --model "$MODEL" "${split[@]}" --epochs 2 --lr 1e-4 --batch-size 16 \
-    ${FINETUNE_FLAGS:-} --out "$WORK/dense" > "$OUT/finetune.log" 2>&1 || { tail -20 "$OUT/finetune.log"; exit 1; }
+  "$PY" -m compress finetune --model "$MODEL" "${data[@]}" --max-length "$MAX_LENGTH" --seed 42 \
+    --epochs 2 --lr 1e-4 --batch-size 16 ${FINETUNE_FLAGS:-} --out "$WORK/dense" > "$OUT/finetune.log" 2>&1 || { tail -20 "$OUT/finetune.log"; exit 1; }
 fi
 cp "$WORK/dense/summary.json" "$OUT/dense_summary.json"
 echo "fine-tune: $(( $(date +%s) - start )) s"
-"$PY" benchmarks/oneshot_post_training.py --dense "$WORK/dense" "${split[@]:0:6}" --max-length "$MAX_LENGTH" \
+"$PY" benchmarks/oneshot_post_training.py --dense "$WORK/dense" "${data[@]}" --max-length "$MAX_LENGTH" \
   --seed 42 --cells oneshot,recovery --only "$RUNS" --runs-dir "$WORK/runs" --out "$OUT/oneshot_squad.json"
 echo "all: $(( $(date +%s) - start )) s"

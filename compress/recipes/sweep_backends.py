@@ -13,8 +13,8 @@ folder, which therefore must be on storage every node mounts; ``check_shared_sto
 before the first cell starts.
 
 Nothing on the Ray path may hang or fill the terminal: ``check_address`` proves that ``--address``
-answers as a gRPC server (a TCP connect and the HTTP/2 greeting, a few seconds at most) before Ray
-is asked to join it, since ``ray.init`` on a dead address, or on a port where something else
+answers as a gRPC server (a TCP connect within 3 s, then a reply to the HTTP/2 greeting within 10 s)
+before Ray is asked to join it, since ``ray.init`` on a dead address, or on a port where something else
 listens, retries for minutes; ``check_cell_fits`` refuses a cell larger than every node, which
 Ray would queue for ever; and Ray's own log lines (its notices, the C++ core's connection retries)
 go to ``<sweep>/logs/ray.log``, not to the terminal.
@@ -40,7 +40,8 @@ from compress.core.errors import DataError, UsageError
 
 BACKENDS = ("local", "ray")
 RAY_INSTALL = "pip install 'compress[ray]'"
-CONNECT_TIMEOUT_S = 3.0  # how long --address may take to accept a TCP connection, then to answer
+CONNECT_TIMEOUT_S = 3.0  # how long --address may take to accept a TCP connection
+GREETING_TIMEOUT_S = 10.0  # then to answer the HTTP/2 greeting (a busy head node's GCS may be slow)
 GCS_PORT, CLIENT_PORT = 6379, 10001  # Ray's default ports: HOST alone, ray://HOST alone
 
 
@@ -241,10 +242,11 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 SETTINGS_FRAME = 4
 
 
-def _connect(host: str, port: int, timeout: float) -> str | None:
-    """None when a gRPC server answers at host:port within ``timeout`` seconds (a TCP connect, then
-    the HTTP/2 greeting), else why not, in a few words. With ``RAY_USE_TLS`` set the cluster expects
-    a TLS handshake first, so the connect alone is checked."""
+def _connect(host: str, port: int, timeout: float, greeting_timeout: float) -> str | None:
+    """None when a gRPC server answers at host:port (a TCP connect within ``timeout`` seconds, then
+    its reply to the HTTP/2 greeting within ``greeting_timeout``), else why not, in a few words.
+    With ``RAY_USE_TLS`` set the cluster expects a TLS handshake first, so the connect alone is
+    checked."""
     try:
         conn = socket.create_connection((host, port), timeout=timeout)
     except socket.gaierror:
@@ -258,10 +260,13 @@ def _connect(host: str, port: int, timeout: float) -> str | None:
     with conn:
         if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true"):
             return None
-        head = _greet(conn, timeout)
+        head = _greet(conn, greeting_timeout)
     if head is None:
-        return f"something accepts connections there but is silent for {timeout:g} s: not Ray's gRPC port"
-    if len(head) == 9 and head[3] == SETTINGS_FRAME:
+        return (f"something accepts connections there but is silent for {greeting_timeout:g} s: "
+                "not Ray's gRPC port")
+    # a frame header: 3 bytes length, type, flags, 4 bytes stream id; the server's own SETTINGS
+    # (not an ACK of ours) on stream 0
+    if len(head) == 9 and head[3] == SETTINGS_FRAME and not head[4] & 1 and not any(head[5:]):
         return None
     if not head:
         return "something accepts connections there but closed them unanswered: not Ray's gRPC port"
@@ -287,7 +292,8 @@ def _greet(conn: socket.socket, timeout: float) -> bytes | None:
     return head
 
 
-def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S,
+                  greeting_timeout: float = GREETING_TIMEOUT_S) -> None:
     """Prove that ``--address`` answers before ``ray.init`` is asked to join it (it retries a dead
     address for minutes, printing as it goes). ``HOST:PORT``: a TCP connect to the GCS port and its
     gRPC (HTTP/2) greeting; ``ray://HOST:PORT``: the same at the Ray Client port; ``auto``: Ray's
@@ -323,7 +329,7 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
     else:
         host, port = _host_port(address, GCS_PORT, shown)
         fix = f"start the cluster ('ray start --head --port={port}' on {host}) or check the address"
-    why = _connect(host, port, timeout)
+    why = _connect(host, port, timeout, greeting_timeout)
     if why is not None:
         raise UsageError(f"{shown}: no Ray cluster answers at {host}:{port} ({why}); {fix}")
 

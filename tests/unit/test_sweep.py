@@ -7,6 +7,7 @@ writes the run folder the way ``RunDir`` does: ``.tmp-<name>`` first, renamed wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -450,12 +451,14 @@ def test_a_dead_address_is_refused_in_one_line_within_seconds(scheme, fix, monke
     assert fix in msg and "\n" not in msg
 
 
+@contextlib.contextmanager
 def _listener(reply):
-    """A TCP server on 127.0.0.1 whose every connection gets ``reply(conn)``, in a thread; its port."""
+    """A TCP server on 127.0.0.1 whose every connection gets ``reply(conn)`` in a thread; yields its
+    port. Its connections and the server itself are shut down when the block ends."""
     import socket
     import threading
 
-    server = socket.socket()
+    server, conns = socket.socket(), []
     server.bind(("127.0.0.1", 0))
     server.listen()
 
@@ -465,39 +468,48 @@ def _listener(reply):
                 conn, _ = server.accept()
             except OSError:
                 return
+            conns.append(conn)
             reply(conn)
 
-    threading.Thread(target=serve, daemon=True).start()
-    return server
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept() above; close() alone would not
+        server.close()
+        thread.join(timeout=5)
+        for conn in conns:
+            conn.close()
 
 
 def _http1(conn):
     conn.recv(64)
     conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-    conn.close()
 
 
-def _http2(conn):  # what a gRPC server sends first: an (empty) SETTINGS frame
-    conn.recv(64)
-    conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+def _settings(flags: int):  # an (empty) SETTINGS frame: what a gRPC server sends first with flags 0
+    def reply(conn):
+        conn.recv(64)
+        conn.sendall(bytes([0, 0, 0, 4, flags, 0, 0, 0, 0]))
+    return reply
 
 
 @pytest.mark.parametrize("reply, why", [
     (lambda conn: None, "something accepts connections there but is silent for 0.5 s"),
-    (lambda conn: conn.close(), "something accepts connections there but closed them unanswered"),
+    (lambda conn: conn.shutdown(2), "something accepts connections there but closed them unanswered"),
     (_http1, "something there answered the HTTP/2 greeting with b'HTTP/1.1 '"),
+    (_settings(1), "something there answered the HTTP/2 greeting with b'\\x00\\x00\\x00\\x04\\x01"),  # an ACK
 ])
 def test_an_address_where_something_else_listens_is_refused_within_the_timeout(reply, why, monkeypatch):
     from compress.recipes.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_USE_TLS", raising=False)
-    held = []  # the silent server's connections stay open until the test ends
-    with _listener(lambda conn: held.append(conn) or reply(conn)) as server:
-        port = server.getsockname()[1]
+    with _listener(reply) as port:
         t0 = time.time()
         with pytest.raises(UsageError) as err:
-            check_address(f"127.0.0.1:{port}", timeout=0.5)
+            check_address(f"127.0.0.1:{port}", timeout=2, greeting_timeout=0.5)
         assert time.time() - t0 < 3
     msg = str(err.value)
     assert msg.startswith(f"--address 127.0.0.1:{port}: no Ray cluster answers at 127.0.0.1:{port} ({why}")
@@ -509,12 +521,12 @@ def test_a_grpc_greeting_passes_and_tls_clusters_are_only_connected_to(monkeypat
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_USE_TLS", raising=False)
-    with _listener(_http2) as server:
-        check_address(f"127.0.0.1:{server.getsockname()[1]}", timeout=0.5)
-        check_address(f"ray://127.0.0.1:{server.getsockname()[1]}", timeout=0.5)
-    with _listener(_http1) as server:  # with TLS the greeting would be a TLS handshake: not sent
+    with _listener(_settings(0)) as port:
+        check_address(f"127.0.0.1:{port}")
+        check_address(f"ray://127.0.0.1:{port}")
+    with _listener(_http1) as port:  # with TLS the greeting would be a TLS handshake: not sent
         monkeypatch.setenv("RAY_USE_TLS", "1")
-        check_address(f"127.0.0.1:{server.getsockname()[1]}", timeout=0.5)
+        check_address(f"127.0.0.1:{port}")
 
 
 def test_ray_address_overrides_an_unset_address_as_it_does_for_ray_init(monkeypatch):
