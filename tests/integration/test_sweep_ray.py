@@ -116,27 +116,45 @@ def test_a_failing_ray_cell_is_reported_and_the_others_finish(ray_cluster, tmp_p
     assert "log_tail" not in _state(sweep)[failing] and _state(sweep)[failing]["status"] == "finished"
 
 
-def test_killed_ray_driver_rerun_finishes_only_the_missing_cells(ray_cluster, tmp_path):
+SLOW = "ft-sst2-magnitude-s60-lr5e-05"  # the cell the fake runner keeps busy for 300 s
+
+
+def _start_driver_with_a_slow_cell(ray_cluster, tmp_path, sparsities: str, variants: str, **popen):
+    """A ``compress sweep`` driver joined to the cluster, in its own process group, whose cells run
+    the fake cell script (``SLOW`` sleeps); returns (process, command, script, sweep folder)."""
     script = tmp_path / "fake_cell.py"
     script.write_text(FAKE)
     sweep = tmp_path / "sw"
-    slow = "ft-sst2-magnitude-s60-lr5e-05"
-    base = ["sweep", "--sparsities", "0.3,0.6", "--tasks", "sst2", "--variants", "magnitude,random",
+    base = ["sweep", "--sparsities", sparsities, "--tasks", "sst2", "--variants", variants,
             "--backend", "ray", "--address", ray_cluster, "--out", str(sweep)]
-    runner = f"env FAKE_SLOW={slow} FAKE_SLEEP=300 {sys.executable} {script}"
+    runner = f"env FAKE_SLOW={SLOW} FAKE_SLEEP=300 {sys.executable} {script}"
     proc = subprocess.Popen([sys.executable, "-m", "compress", *base, "--runner", runner],
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+    return proc, base, script, sweep
+
+
+def _dies_within(pid: int, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.2)
+    return not _alive(pid)
+
+
+def test_killed_ray_driver_rerun_finishes_only_the_missing_cells(ray_cluster, tmp_path):
+    proc, base, script, sweep = _start_driver_with_a_slow_cell(ray_cluster, tmp_path, "0.3,0.6",
+                                                               "magnitude,random")
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
             done = list(sweep.glob("*/summary.json"))
-            if (sweep / f".tmp-{slow}" / "started").is_file() and len(done) == 3:
+            if (sweep / f".tmp-{SLOW}" / "started").is_file() and len(done) == 3:
                 break
             time.sleep(0.2)
         else:
             proc.kill()
             raise AssertionError(f"the sweep did not reach its slow cell: {proc.communicate()}")
-        cell_pid = int((sweep / "counts" / slow).read_text().split()[0])
+        cell_pid = int((sweep / "counts" / SLOW).read_text().split()[0])
         os.killpg(proc.pid, signal.SIGKILL)  # the driver dies without cleaning up
         proc.wait(timeout=30)
     finally:
@@ -144,22 +162,19 @@ def test_killed_ray_driver_rerun_finishes_only_the_missing_cells(ray_cluster, tm
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     # Ray stops the dead driver's tasks, and the cell dies with its task
-    deadline = time.time() + 60
-    while time.time() < deadline and _alive(cell_pid):
-        time.sleep(0.2)
-    assert not _alive(cell_pid), "the killed driver's cell is still running"
+    assert _dies_within(cell_pid, 60), "the killed driver's cell is still running"
     finished = {n: (sweep / n / "summary.json").stat().st_mtime_ns for n in _state(sweep)
                 if (sweep / n / "summary.json").is_file()}
-    assert len(finished) == 3 and slow not in finished
+    assert len(finished) == 3 and SLOW not in finished
 
     res = run_cli(*base, "--runner", f"{sys.executable} {script}")
     assert res.returncode == 0, res.stderr
     assert "4 cells, 3 finished already, 1 to run" in res.stdout
     counts = {p.name: len(p.read_text().split()) for p in (sweep / "counts").iterdir()}
-    assert counts == {**{n: 1 for n in finished}, slow: 2}
+    assert counts == {**{n: 1 for n in finished}, SLOW: 2}
     assert finished == {n: (sweep / n / "summary.json").stat().st_mtime_ns for n in finished}
     assert {c["status"] for c in _state(sweep).values()} == {"finished"}
-    assert not (sweep / f".tmp-{slow}").exists() and not (sweep / ".lock").exists()
+    assert not (sweep / f".tmp-{SLOW}").exists() and not (sweep / ".lock").exists()
 
 
 def _alive(pid: int) -> bool:
@@ -230,22 +245,14 @@ def test_a_signalled_ray_driver_stops_within_seconds_and_the_rerun_resumes(ray_c
     records it as interrupted, removes its lock and exits with the usual line, within seconds (Ray's
     own SIGTERM handler, installed by ray.init, would exit without any of that); the driver's
     terminal shows nothing of Ray's, which went to logs/ray.log; the same command then resumes."""
-    script = tmp_path / "fake_cell.py"
-    script.write_text(FAKE)
-    sweep = tmp_path / "sw"
-    slow = "ft-sst2-magnitude-s60-lr5e-05"
-    base = ["sweep", "--sparsities", "0.6", "--tasks", "sst2", "--variants", "magnitude",
-            "--backend", "ray", "--address", ray_cluster, "--out", str(sweep)]
-    runner = f"env FAKE_SLOW={slow} FAKE_SLEEP=300 {sys.executable} {script}"
-    proc = subprocess.Popen([sys.executable, "-m", "compress", *base, "--runner", runner],
-                            start_new_session=True, preexec_fn=_sigint_as_in_a_terminal,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, base, script, sweep = _start_driver_with_a_slow_cell(ray_cluster, tmp_path, "0.6", "magnitude",
+                                                               preexec_fn=_sigint_as_in_a_terminal)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (sweep / f".tmp-{slow}" / "started").is_file():
+        while time.time() < deadline and not (sweep / f".tmp-{SLOW}" / "started").is_file():
             time.sleep(0.2)
-        assert (sweep / f".tmp-{slow}" / "started").is_file(), "the slow cell never started"
-        cell_pid = int((sweep / "counts" / slow).read_text().split()[0])
+        assert (sweep / f".tmp-{SLOW}" / "started").is_file(), "the slow cell never started"
+        cell_pid = int((sweep / "counts" / SLOW).read_text().split()[0])
         t0 = time.time()
         proc.send_signal(sig)  # the driver only, as `kill` or a scheduler sends it
         out, err = proc.communicate(timeout=30)
@@ -260,12 +267,9 @@ def test_a_signalled_ray_driver_stops_within_seconds_and_the_rerun_resumes(ray_c
                                 "finished cells are kept, the interrupted ones are redone"]
     assert "Token authentication" not in out + err and "GCS" not in out + err
     assert (sweep / "logs" / "ray.log").is_file()
-    assert _state(sweep)[slow]["status"] == "interrupted"
+    assert _state(sweep)[SLOW]["status"] == "interrupted"
     assert not (sweep / ".lock").exists()
-    deadline = time.time() + 60
-    while time.time() < deadline and _alive(cell_pid):
-        time.sleep(0.2)
-    assert not _alive(cell_pid), "the cell outlived its cancelled task"
+    assert _dies_within(cell_pid, 60), "the cell outlived its cancelled task"
 
     res = run_cli(*base, "--runner", f"{sys.executable} {script}")
     assert res.returncode == 0, res.stderr
