@@ -1,0 +1,609 @@
+"""A latency model of a structured-pruned encoder in the runtime it will ship in, measured on this
+machine at one batch x sequence length.
+
+A structured-pruned encoder keeps ``h_l`` attention heads and ``w_l`` FFN neurons in layer ``l``;
+either may be zero (the whole attention or FFN block removed). Its time is modelled as
+
+    T(model) = base + sum over layers l of [layer_fixed * kept_l + A(h_l) + F(w_l)]
+
+* ``base``: a 0-layer model (embeddings, pooler and classifier head);
+* ``layer_fixed``: a layer whose attention and FFN blocks are both empty (its two LayerNorms and
+  residual adds remain); ``kept_l`` is 1 for every layer the model has. A layer left with no head
+  and no neuron still runs its LayerNorms in the pruned model classes
+  (``compress.models.modeling_pruned``), so it counts unless ``drop_empty_layers`` says the model
+  ships without it (a layer left out of the layout is not there at all);
+* ``A(h)``, ``F(w)``: the time of an attention block with ``h`` heads and of an FFN block of width
+  ``w``, with ``A(0) = F(0) = 0``.
+
+How it is measured (``latency_table``): 1-layer structured-pruned classifiers with random weights
+are built from the model's config (``compress.models.modeling_pruned``), one per grid point, and
+timed in the runtime: ``A(h) = T1(h, 0) - T1(0, 0)``, ``F(w) = T1(0, w) - T1(0, 0)``,
+``layer_fixed = T1(0, 0) - T0`` with ``T0`` the 0-layer model. ``A`` is measured at every head
+count 1..H for H <= 16 (a grid above), ``F`` on a grid of widths denser at small widths (a block of
+8 neurons still pays its kernels' dispatch) and interpolated piecewise-linearly between its points.
+Timing noise must not make fewer units look slower, so both grids are fitted monotone
+non-decreasing (isotonic regression, pool-adjacent-violators) and clipped at 0.
+
+* Families whose pruned classes cannot build an empty block (``supports_empty_blocks``) are
+  measured against the smallest layer instead: ``A(h) = T1(h, 1) - T1(1, 1)``, ``F(w) = T1(1, w) -
+  T1(1, 1)`` and ``layer_fixed = T1(1, 1) - T0`` (so ``A(1) = F(1) = 0`` and the smallest blocks'
+  time sits in ``layer_fixed``). The table's ``reference`` says which ("empty" or "smallest"); a
+  "smallest" table predicts a layer with exactly one empty block only by refusing it.
+* The 1-layer models use a vocabulary of ``TIMING_VOCAB`` rows: the export, optimization and
+  quantization of MiniLM's 30522 x 384 embedding took about 4 s per model against 0.5 s, and
+  every difference above is between models of the same vocabulary. ``base`` is a 0-layer model at
+  the real vocabulary; ``layer_fixed`` subtracts a 0-layer model at the timing vocabulary.
+* onnxruntime fuses the embeddings into ``EmbedLayerNormalization`` only when their LayerNorm
+  feeds an attention block: the 0-layer models and ``T1(0, *)`` run them unfused, so ``A(h)`` also
+  holds the difference between the fused and the unfused embeddings (about 1 ms at MiniLM's 32 x
+  128 in int8); each measured configuration's fused operators are in ``configs``.
+* The full dense model is measured once too (``dense_ms``) beside its prediction
+  (``dense_predicted_ms``), so the table says how far its sum is from a real model.
+
+Runtimes (``RUNTIMES``): ``ort-int8`` (what ``compress export --optimize --quantize int8`` writes),
+``ort-fp32`` (optimized fp32 ONNX), ``torch`` (PyTorch eager fp32, transformers' default attention)
+and ``ort-cuda-fp16`` (optimized, float16, onnxruntime's CUDA provider; only where it is usable).
+Timings are medians of ``measure_interleaved`` rounds with the intra-op thread count ``compress
+bench`` uses (``threads``, unset: torch's), on batch x seq_len random ids with a full attention mask.
+
+Tables are cached as one JSON file per key (machine, runtime, batch, seq_len, threads, grids and
+the architecture's shape, ``cache_key``) in ``cache_dir`` (unset: ``$COMPRESS_CACHE_DIR/latency``,
+else ``~/.cache/compress/latency``); a second call with the same key reads the file and times
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+import warnings
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compress.core.errors import UsageError
+from compress.measure.latency import measure_interleaved
+
+FORMAT = 1                 # bumped when a cached table's meaning changes
+TIMING_VOCAB = 1024        # vocabulary of the 1-layer timing models (see the module docstring)
+DENSE_HEADS_UP_TO = 16     # every head count is measured up to this many heads
+
+
+# ----------------------------------------------------------------------------- runtimes
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One way a model ships: ``precision`` is the ``compress.export.precision.PRECISIONS`` name of
+    its ONNX graph (None: PyTorch eager), ``provider`` onnxruntime's execution provider."""
+
+    name: str
+    help: str
+    precision: str | None
+    provider: str = "CPUExecutionProvider"
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "ort-int8": Runtime("ort-int8", "optimized ONNX, dynamic int8 (compress export --optimize "
+                        "--quantize int8), onnxruntime CPU", "int8"),
+    "ort-fp32": Runtime("ort-fp32", "optimized fp32 ONNX, onnxruntime CPU", "fp32"),
+    "torch": Runtime("torch", "PyTorch eager fp32 on the CPU", None),
+    "ort-cuda-fp16": Runtime("ort-cuda-fp16", "optimized float16 ONNX, onnxruntime CUDA", "fp16",
+                             "CUDAExecutionProvider"),
+}
+
+
+def check_runtime(name: str) -> Runtime:
+    """The ``RUNTIMES`` entry ``name``; UsageError naming the valid ones, or why it cannot run here."""
+    if name not in RUNTIMES:
+        raise UsageError(f"unknown runtime '{name}'; choose from: {', '.join(RUNTIMES)}")
+    rt = RUNTIMES[name]
+    if rt.provider != "CPUExecutionProvider":
+        from compress.export.ort import available_providers, unusable_providers
+
+        if rt.provider not in available_providers():
+            raise UsageError(f"runtime '{name}' needs onnxruntime's {rt.provider}, which this "
+                             "onnxruntime lacks (install onnxruntime-gpu)")
+        why = unusable_providers().get(rt.provider)
+        if why is not None:
+            raise UsageError(f"runtime '{name}' cannot run here: {why}")
+    return rt
+
+
+# ----------------------------------------------------------------------------- grids and fits
+
+
+def head_grid(num_heads: int) -> tuple[int, ...]:
+    """Head counts timed: every count 1..H up to ``DENSE_HEADS_UP_TO`` heads, else 1-4 and eighths."""
+    if num_heads <= DENSE_HEADS_UP_TO:
+        return tuple(range(1, num_heads + 1))
+    points = {1, 2, 3, 4} | {round(num_heads * k / 8) for k in range(1, 9)}
+    return tuple(sorted(p for p in points if 1 <= p <= num_heads))
+
+
+def width_grid(width: int, linear_steps: int = 6) -> tuple[int, ...]:
+    """FFN widths timed: 1 and powers of two from 8 below ``width / linear_steps`` (small blocks are
+    dominated by dispatch, not arithmetic), then ``linear_steps`` even steps up to ``width``
+    (multiples of 8 where the step allows). MiniLM's 1536: 1 8 16 32 64 128 256 512 ... 1536."""
+    step = width / linear_steps
+    points = {1} | {2**k for k in range(3, 31) if 2**k < step}
+    for k in range(1, linear_steps + 1):
+        p = step * k
+        points.add(width if k == linear_steps else max(1, 8 * round(p / 8) if step >= 64 else round(p)))
+    return tuple(sorted(p for p in points if 1 <= p <= width))
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The least-squares non-decreasing fit of ``values`` (pool adjacent violators, equal weights)."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out: list[float] = []
+    for s, c in blocks:
+        out += [s / c] * int(c)
+    return out
+
+
+def monotone_from_zero(raw: Sequence[float]) -> list[float]:
+    """``raw`` (block times at the grid points after the reference) fitted non-decreasing together
+    with the reference's 0 in front, clipped at 0; returns the fit without that leading 0."""
+    return [max(0.0, v) for v in isotonic([0.0, *raw])][1:]
+
+
+def interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear ``y(x)`` through the points (``xs`` increasing); x must lie in their range."""
+    if not xs[0] <= x <= xs[-1]:
+        raise UsageError(f"{x} is outside the measured range {xs[0]}..{xs[-1]}")
+    i = bisect_left(xs, x)
+    if xs[i] == x:
+        return float(ys[i])
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """A measured latency model (module docstring), in milliseconds per batch.
+
+    ``heads``/``widths`` are the grids including the reference point (0 for ``reference`` "empty",
+    1 for "smallest"), ``attention_ms``/``ffn_ms`` grids their monotone fits (0 at the reference)
+    and ``*_raw_ms`` the measured differences before the fit. ``configs``: every timed model, its
+    median and p90 and the onnxruntime operators the optimizer fused. ``phase_seconds``: where
+    ``build_seconds`` went.
+    """
+
+    key: dict[str, Any]
+    runtime: str
+    batch: int
+    seq_len: int
+    num_layers: int
+    num_heads: int
+    ffn_width: int
+    reference: str
+    base_ms: float
+    layer_fixed_ms: float
+    heads: tuple[int, ...]
+    attention_grid_ms: tuple[float, ...]
+    attention_raw_ms: tuple[float, ...]
+    widths: tuple[int, ...]
+    ffn_grid_ms: tuple[float, ...]
+    ffn_raw_ms: tuple[float, ...]
+    dense_ms: float
+    dense_predicted_ms: float
+    build_seconds: float
+    repeats: int
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    configs: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))  # tuples -> lists: what JSON holds
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LatencyTable:
+        tuples = {"heads", "attention_grid_ms", "attention_raw_ms", "widths", "ffn_grid_ms", "ffn_raw_ms",
+                  "configs"}
+        return cls(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
+
+    def attention_ms(self, heads: int) -> float:
+        """Time of an attention block keeping ``heads`` heads (0: the block removed)."""
+        return self._block_ms(heads, self.heads, self.attention_grid_ms, self.num_heads, "attention heads")
+
+    def ffn_ms(self, width: int) -> float:
+        """Time of an FFN block of ``width`` neurons (0: the block removed), interpolated."""
+        return self._block_ms(width, self.widths, self.ffn_grid_ms, self.ffn_width, "FFN neurons")
+
+    def _block_ms(self, n: int, xs, ys, full: int, unit: str) -> float:
+        if not 0 <= n <= full:
+            raise UsageError(f"{n} {unit}: a layer of this architecture has 0..{full}")
+        if n == 0 and self.reference == "empty":
+            return 0.0
+        if n == 0:
+            raise UsageError(f"0 {unit}: this table's architecture cannot build an empty block "
+                             f"(measured against the smallest one); only whole layers can be removed")
+        return interpolate(n, xs, ys)
+
+    def predict_ms(self, layer_heads: Sequence[int], layer_ffn: Sequence[int],
+                   drop_empty_layers: bool = False) -> float:
+        """Predicted ms per batch of an encoder whose layer l keeps ``layer_heads[l]`` heads and
+        ``layer_ffn[l]`` FFN neurons. A layer with both 0 costs ``layer_fixed_ms`` (its LayerNorms
+        run) unless ``drop_empty_layers`` (the model ships without it)."""
+        if len(layer_heads) != len(layer_ffn):
+            raise UsageError(f"layer_heads has {len(layer_heads)} layers, layer_ffn {len(layer_ffn)}")
+        total = self.base_ms
+        for h, w in zip(layer_heads, layer_ffn):
+            if h == 0 and w == 0 and drop_empty_layers:
+                continue
+            total += self.layer_fixed_ms + self.attention_ms(h) + self.ffn_ms(w)
+        return total
+
+    def dense_layout(self) -> tuple[list[int], list[int]]:
+        return [self.num_heads] * self.num_layers, [self.ffn_width] * self.num_layers
+
+    def predicted_speedup(self, layer_heads: Sequence[int], layer_ffn: Sequence[int]) -> float:
+        """Predicted dense time / predicted time of the layout (both from this table)."""
+        return self.predict_ms(*self.dense_layout()) / self.predict_ms(layer_heads, layer_ffn)
+
+
+# ----------------------------------------------------------------------------- architecture and key
+
+
+@dataclass(frozen=True)
+class ArchShape:
+    """What a table depends on of the architecture: the unpruned sizes of one layer, the layer count
+    (for the dense model) and the vocabulary (the 0-layer base)."""
+
+    model_type: str            # base type: bert, roberta, distilbert, ...
+    hidden: int
+    heads: int
+    head_dim: int
+    ffn: int
+    layers: int
+    vocab: int
+    activation: str
+
+
+def encoder_config(model_or_config):
+    """The transformers config of a model, a config, or a model spec ('minilm', a folder)."""
+    if isinstance(model_or_config, (str, Path)):
+        from transformers import AutoConfig
+
+        from compress.models.loading import register_model_types, resolve_model
+
+        register_model_types()
+        return AutoConfig.from_pretrained(resolve_model(str(model_or_config)))
+    if isinstance(model_or_config, torch.nn.Module):
+        config = getattr(model_or_config, "config", None)
+        if config is None:
+            raise UsageError(f"a {type(model_or_config).__name__} has no transformers config; pass a "
+                             "Hugging Face encoder, its config or a model folder")
+        return config
+    if not hasattr(model_or_config, "model_type"):
+        raise UsageError(f"expected a model, a transformers config or a model folder, got "
+                         f"{type(model_or_config).__name__}")
+    return model_or_config
+
+
+def arch_shape(config) -> ArchShape:
+    """The ``ArchShape`` of ``config``; UsageError for a family without per-layer pruned classes."""
+    from compress.models.modeling_pruned import MODULE_PATHS, PRUNED_CLASSES, base_model_type, head_dim_of
+
+    base = base_model_type(config.model_type)
+    supported = [t for t, c in PRUNED_CLASSES.items()
+                 if "AutoModelForSequenceClassification" in c and t != "albert"]
+    if base not in supported:
+        raise UsageError(f"no latency table for model type '{config.model_type}': it needs per-layer "
+                         f"structured-pruned classes; supported: {', '.join(supported)} (ALBERT shares "
+                         "its layers)")
+    layout = MODULE_PATHS[base]
+    widths = [getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", 0),
+              *(getattr(config, "layer_intermediate", None) or [])]
+    act = getattr(config, "hidden_act", None) or getattr(config, "activation", "")
+    return ArchShape(base, int(config.hidden_size), int(getattr(config, layout.heads_config)),
+                     int(head_dim_of(config)), int(max(widths)), int(config.num_hidden_layers),
+                     int(config.vocab_size), str(act))
+
+
+def supports_empty_blocks(model_type: str) -> bool:
+    """Whether the pruned classes of ``model_type`` build a layer with no head or no FFN neuron."""
+    from compress.models import modeling_pruned
+
+    can = getattr(modeling_pruned, "can_empty_blocks", None)
+    return bool(can is not None and can(model_type))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(runtime: Runtime) -> dict[str, Any]:
+    """CPU model, core count, onnxruntime and torch versions (and the GPU for a CUDA runtime)."""
+    import onnxruntime
+
+    out: dict[str, Any] = {"cpu": _cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
+                           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__}
+    if runtime.provider == "CUDAExecutionProvider":
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def cache_key(shape: ArchShape, runtime: Runtime, batch: int, seq_len: int, threads: int,
+              heads: Sequence[int], widths: Sequence[int], reference: str) -> dict[str, Any]:
+    """Everything a table's numbers depend on; equal keys -> the cached table is reused."""
+    return {"format": FORMAT, "machine": machine_key(runtime), "runtime": runtime.name, "batch": batch,
+            "seq_len": seq_len, "threads": threads, "shape": asdict(shape), "heads": list(heads),
+            "widths": list(widths), "reference": reference}
+
+
+def default_cache_dir() -> Path:
+    """``$COMPRESS_CACHE_DIR/latency``, else ``~/.cache/compress/latency``."""
+    root = os.environ.get("COMPRESS_CACHE_DIR")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "compress") / "latency"
+
+
+def cache_file(cache_dir: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / f"{key['runtime']}-{key['shape']['model_type']}-{digest}.json"
+
+
+def _read_cached(path: Path, key: dict[str, Any]) -> LatencyTable | None:
+    """The table in ``path`` when its key is ``key``; None when absent, unreadable or another key."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        return LatencyTable.from_dict(data["table"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# ----------------------------------------------------------------------------- models and timing
+
+# config.to_dict() keys not passed back when a sized copy is made: the pruned class sets its own
+# model type, the sizes are given anew, and a 2-label head replaces any saved label set
+_DROPPED_KEYS = ("model_type", "architectures", "auto_map", "_name_or_path", "transformers_version",
+                 "layer_heads", "layer_intermediate", "id2label", "label2id", "layer_types")
+ROUNDS = 3  # round-robin rounds the timed calls of each model are spread over (at most)
+
+
+def pruned_config(config, layer_heads: Sequence[int], layer_ffn: Sequence[int], vocab: int,
+                  attn_implementation: str = "eager"):
+    """A ``Compress<T>Config`` like ``config`` with ``len(layer_heads)`` layers of the given sizes."""
+    from compress.models.modeling_pruned import PRUNED_CLASSES, base_model_type
+
+    values = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_KEYS}
+    cls = PRUNED_CLASSES[base_model_type(config.model_type)]["AutoConfig"]
+    out = cls(**values, layer_heads=list(layer_heads), layer_intermediate=list(layer_ffn), num_labels=2,
+              attn_implementation=attn_implementation)
+    out.num_hidden_layers = len(layer_heads)  # set after: DistilBERT maps it to n_layers
+    out.vocab_size = vocab
+    return out
+
+
+def pruned_classifier(config) -> torch.nn.Module:
+    """A random-weight ``Compress<T>ForSequenceClassification`` of a ``pruned_config``."""
+    from compress.models.modeling_pruned import PRUNED_CLASSES, base_model_type
+
+    torch.manual_seed(0)
+    cls = PRUNED_CLASSES[base_model_type(config.model_type)]["AutoModelForSequenceClassification"]
+    with warnings.catch_warnings():  # "Initializing zero-element tensors is a no-op" (empty blocks)
+        warnings.simplefilter("ignore", UserWarning)
+        return cls(config).eval()
+
+
+def timing_inputs(model: torch.nn.Module, batch: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """batch x seq_len random ids of the model's declared inputs, attention mask all ones."""
+    from compress.export.inputs import example_inputs
+    from compress.export.loading import as_loaded
+
+    feeds = example_inputs(as_loaded(model), batch, seq_len)
+    feeds["attention_mask"] = torch.ones_like(feeds["attention_mask"])
+    return feeds
+
+
+def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, name: str
+                       ) -> tuple[Path, dict[str, int]]:
+    """``model`` as the ONNX file ``runtime`` runs, made as ``compress export`` makes it: exported,
+    optimized where a fusion applies, converted to the runtime's precision. Returns (file, fused
+    operator counts). Parity is not checked: the weights are random and only the time is used."""
+    from compress.export.loading import as_loaded
+    from compress.export.onnx import export_onnx
+    from compress.export.optimize import attention_shape, optimize_onnx, optimizer_model_type
+    from compress.export.precision import PRECISIONS
+
+    loaded = as_loaded(model)
+    with warnings.catch_warnings():  # the tracer's warnings on every export
+        warnings.simplefilter("ignore")
+        path = export_onnx(loaded, folder / f"{name}.onnx")
+    model_type, _ = optimizer_model_type(loaded)
+    fused: dict[str, int] = {}
+    if model_type is not None:
+        heads, hidden = attention_shape(loaded)
+        fused = optimize_onnx(path, folder / f"{name}.opt.onnx", heads, hidden, model_type=model_type)
+        path = folder / f"{name}.opt.onnx"
+    target = PRECISIONS[runtime.precision]
+    if target.name != "fp32":
+        target.convert(path, folder / f"{name}.{target.name}.onnx")
+        path = folder / f"{name}.{target.name}.onnx"
+    return path, fused
+
+
+def runtime_callable(model: torch.nn.Module, runtime: Runtime, feeds: dict[str, torch.Tensor],
+                     folder: Path, name: str, threads: int) -> tuple[Callable[[], Any], dict[str, int]]:
+    """A no-argument call of ``model`` on ``feeds`` in ``runtime`` (an onnxruntime session bound to
+    the inputs, as ``compress bench`` times it) and the fused operator counts."""
+    if runtime.precision is None:
+        def call():
+            with torch.inference_mode():
+                return model(**feeds)
+
+        return call, {}
+    from compress.export.ort import OrtModel
+
+    path, fused = export_for_runtime(model, runtime, folder, name)
+    return OrtModel(path, provider=runtime.provider, threads=threads).bind(feeds), fused
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    """torch's intra-op thread count set to ``threads`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# a model to time: per-layer head counts, per-layer FFN widths, vocabulary size
+Layout = tuple[tuple[int, ...], tuple[int, ...], int]
+
+
+def time_layouts(config, layouts: dict[str, Layout], runtime: Runtime, batch: int, seq_len: int,
+                 threads: int, repeats: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Build every layout as a random-weight pruned classifier in ``runtime`` (in a temporary
+    folder), then time them all in round-robin rounds (``measure_interleaved``): ``repeats`` timed
+    calls each. Returns (stats by name, with ``fused_ops``; {"export_s", "timing_s"})."""
+    attn = "eager" if runtime.precision is not None else "sdpa"
+    t0 = time.perf_counter()
+    fns, fused = {}, {}
+    with tempfile.TemporaryDirectory(prefix="compress-latency-") as tmp, torch_threads(threads):
+        for i, (name, (heads, ffn, vocab)) in enumerate(layouts.items()):
+            model = pruned_classifier(pruned_config(config, heads, ffn, vocab, attn))
+            feeds = timing_inputs(model, batch, seq_len)
+            fns[name], fused[name] = runtime_callable(model, runtime, feeds, Path(tmp), f"m{i}", threads)
+        t1 = time.perf_counter()
+        rounds = min(repeats, ROUNDS)
+        stats = measure_interleaved(fns, warmup=1, iterations=math.ceil(repeats / rounds), rounds=rounds)
+        fns.clear()  # the sessions go before their files
+    for name, s in stats.items():
+        s["fused_ops"] = fused[name]
+    return stats, {"export_s": t1 - t0, "timing_s": time.perf_counter() - t1}
+
+
+# ----------------------------------------------------------------------------- building a table
+
+
+def _grid(given: Sequence[int] | None, default: tuple[int, ...], full: int, what: str) -> tuple[int, ...]:
+    """``given`` (or ``default``) with 1 and ``full`` added, sorted; UsageError outside 1..full."""
+    points = set(default if given is None else given) | {1, full}
+    bad = [p for p in points if not 1 <= p <= full]
+    if bad:
+        raise UsageError(f"{what} grid point {bad[0]} is outside 1..{full}")
+    return tuple(sorted(int(p) for p in points))
+
+
+def table_layouts(shape: ArchShape, heads: Sequence[int], widths: Sequence[int], reference: str
+                  ) -> dict[str, Layout]:
+    """The models a table times: 0-layer at the real and the timing vocabulary, the 1-layer
+    reference (no block, or the smallest ones), one 1-layer model per other grid point."""
+    small = min(shape.vocab, TIMING_VOCAB)
+    rh, rw = (0, 0) if reference == "empty" else (1, 1)
+    out: dict[str, Layout] = {"base": ((), (), shape.vocab), "base_small": ((), (), small),
+                              "reference": ((rh,), (rw,), small)}
+    out.update({f"heads={h}": ((h,), (rw,), small) for h in heads if h != rh})
+    out.update({f"ffn={w}": ((rh,), (w,), small) for w in widths if w != rw})
+    return out
+
+
+def _assemble(key: dict[str, Any], shape: ArchShape, runtime: Runtime, batch: int, seq_len: int,
+              heads: tuple[int, ...], widths: tuple[int, ...], reference: str,
+              stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The table's fields from the medians of ``table_layouts``' models."""
+    med = {name: s["median_ms"] for name, s in stats.items()}
+    ref = 0 if reference == "empty" else 1
+    a_raw = [med[f"heads={h}"] - med["reference"] for h in heads if h != ref]
+    f_raw = [med[f"ffn={w}"] - med["reference"] for w in widths if w != ref]
+    return {"key": key, "runtime": runtime.name, "batch": batch, "seq_len": seq_len,
+            "num_layers": shape.layers, "num_heads": shape.heads, "ffn_width": shape.ffn,
+            "reference": reference, "base_ms": med["base"],
+            "layer_fixed_ms": max(0.0, med["reference"] - med["base_small"]),
+            "heads": (ref, *[h for h in heads if h != ref]),
+            "attention_grid_ms": (0.0, *monotone_from_zero(a_raw)), "attention_raw_ms": (0.0, *a_raw),
+            "widths": (ref, *[w for w in widths if w != ref]),
+            "ffn_grid_ms": (0.0, *monotone_from_zero(f_raw)), "ffn_raw_ms": (0.0, *f_raw),
+            "configs": tuple({"name": n, **_brief(s)} for n, s in stats.items())}
+
+
+def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, seq_len: int = 128,
+                  cache_dir: str | Path | None = None, rebuild: bool = False, repeats: int = 12,
+                  threads: int | None = None, head_points: Sequence[int] | None = None,
+                  width_points: Sequence[int] | None = None) -> LatencyTable:
+    """The latency table of ``model_or_config``'s architecture (a model, its config or a model
+    spec such as 'minilm') in ``runtime`` at ``batch`` x ``seq_len``, from the cache or measured.
+
+    ``repeats``: timed calls per 1-layer model (spread over up to ``ROUNDS`` rounds; the dense
+    model gets half as many, at least 3); ``threads``: intra-op threads (unset: torch's, as
+    ``compress bench``); ``head_points`` / ``width_points``: the grids (unset: ``head_grid``,
+    ``width_grid``; 1 and the full size are always added). ``rebuild`` measures even when cached.
+    """
+    from compress.core.config import check_range
+    from compress.core.runs import write_json
+
+    rt = check_runtime(runtime)
+    check_range("batch", batch, 1)
+    check_range("seq_len", seq_len, 1)
+    check_range("repeats", repeats, 1)
+    config = encoder_config(model_or_config)
+    shape = arch_shape(config)
+    threads = threads or torch.get_num_threads()
+    heads = _grid(head_points, head_grid(shape.heads), shape.heads, "head")
+    widths = _grid(width_points, width_grid(shape.ffn), shape.ffn, "width")
+    reference = "empty" if supports_empty_blocks(shape.model_type) else "smallest"
+    key = cache_key(shape, rt, batch, seq_len, threads, heads, widths, reference)
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    path = cache_file(folder, key)
+    if not rebuild and (cached := _read_cached(path, key)) is not None:
+        return cached
+    table = build_table(config, shape, rt, batch, seq_len, threads, heads, widths, reference, repeats,
+                        key)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"key": key, "table": table.to_dict()})
+    return table
+
+
+def build_table(config, shape: ArchShape, runtime: Runtime, batch: int, seq_len: int, threads: int,
+                heads: tuple[int, ...], widths: tuple[int, ...], reference: str, repeats: int,
+                key: dict[str, Any]) -> LatencyTable:
+    """Measure a table (``latency_table`` without the cache): the grid models, then the dense one."""
+    start = time.perf_counter()
+    layouts = table_layouts(shape, heads, widths, reference)
+    stats, phases = time_layouts(config, layouts, runtime, batch, seq_len, threads, repeats)
+    dense = {"dense": ((shape.heads,) * shape.layers, (shape.ffn,) * shape.layers, shape.vocab)}
+    dense_stats, dense_phases = time_layouts(config, dense, runtime, batch, seq_len, threads,
+                                             max(3, repeats // 2))
+    fields = _assemble(key, shape, runtime, batch, seq_len, heads, widths, reference, stats)
+    table = LatencyTable(**fields, dense_ms=dense_stats["dense"]["median_ms"], dense_predicted_ms=0.0,
+                         build_seconds=0.0, repeats=repeats,
+                         phase_seconds={**phases, **{f"dense_{k}": v for k, v in dense_phases.items()}})
+    predicted = table.predict_ms(*table.dense_layout())
+    return replace(table, dense_predicted_ms=predicted, build_seconds=time.perf_counter() - start,
+                   configs=(*table.configs, {"name": "dense", **_brief(dense_stats["dense"])}))
+
+
+def _brief(stats: dict[str, Any]) -> dict[str, Any]:
+    """A timed model's median, p90 and fused operators, as the table keeps them."""
+    return {"median_ms": stats["median_ms"], "p90_ms": stats["p90_ms"],
+            "fused_ops": stats.get("fused_ops", {})}

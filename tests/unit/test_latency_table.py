@@ -1,0 +1,189 @@
+"""The latency table of structured-pruned encoders: grids, monotone fits, interpolation and the sum
+by hand on a table built by hand; on tiny measured tables, growth with kept units, the cache (a hit
+times nothing), two builds agreeing, and the errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from transformers import BertConfig, DistilBertConfig, GPT2Config
+
+import compress.measure.latency_table as lt
+from compress.core.errors import UsageError
+from compress.measure.latency_table import (
+    LatencyTable,
+    head_grid,
+    interpolate,
+    isotonic,
+    latency_table,
+    monotone_from_zero,
+    width_grid,
+)
+
+# small enough to build a table in seconds: every export is a 1-layer model of hidden 32
+SMALL = {"batch": 2, "seq_len": 16, "repeats": 3, "width_points": (8, 32)}
+
+
+def tiny_config(**kw) -> BertConfig:
+    values = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 64, "max_position_embeddings": 64, **kw}
+    return BertConfig(**values)
+
+
+def hand_table(reference: str = "empty") -> LatencyTable:
+    ref = 0 if reference == "empty" else 1
+    return LatencyTable(
+        key={}, runtime="ort-int8", batch=1, seq_len=8, num_layers=2, num_heads=4, ffn_width=64,
+        reference=reference, base_ms=10.0, layer_fixed_ms=1.5,
+        heads=(ref, 1, 2, 3, 4)[1 - ref:], attention_grid_ms=(0.0, 1.0, 1.5, 2.5, 3.0)[1 - ref:],
+        attention_raw_ms=(0.0, 1.0, 1.5, 2.5, 3.0)[1 - ref:],
+        widths=(ref, 8, 64) if ref == 0 else (1, 8, 64), ffn_grid_ms=(0.0, 2.0, 9.0),
+        ffn_raw_ms=(0.0, 2.0, 9.0), dense_ms=40.0, dense_predicted_ms=37.0, build_seconds=1.0, repeats=3)
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_grids_cover_every_head_and_dense_small_widths():
+    assert head_grid(12) == tuple(range(1, 13))
+    big = head_grid(32)
+    assert big[0] == 1 and big[-1] == 32 and len(big) < 16 and list(big) == sorted(set(big))
+    assert width_grid(1536) == (1, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536)
+    assert width_grid(3072)[:3] == (1, 8, 16) and width_grid(3072)[-1] == 3072
+
+
+def test_isotonic_pools_adjacent_violators():
+    assert isotonic([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]
+    assert isotonic([5, 1, 1, 1]) == [2, 2, 2, 2]
+    assert monotone_from_zero([-2.0, 5.0, 3.0]) == [0.0, 4.0, 4.0]  # -2 pooled with the 0, clipped
+
+
+def test_interpolation_between_grid_points_is_linear():
+    assert interpolate(36, (0, 8, 64), (0.0, 2.0, 9.0)) == pytest.approx(2.0 + 7.0 * 28 / 56)
+    table = hand_table()
+    assert table.ffn_ms(36) == pytest.approx(5.5)
+    assert table.ffn_ms(4) == pytest.approx(1.0)       # between the empty block and 8 neurons
+    assert table.ffn_ms(64) == 9.0 and table.ffn_ms(0) == 0.0
+    with pytest.raises(UsageError, match="0..64"):
+        table.ffn_ms(65)
+
+
+def test_predict_is_base_plus_the_sum_by_hand():
+    table = hand_table()
+    heads, ffn = [4, 0, 2], [36, 8, 0]
+    by_hand = 10.0 + (1.5 + 3.0 + 5.5) + (1.5 + 0.0 + 2.0) + (1.5 + 1.5 + 0.0)
+    assert table.predict_ms(heads, ffn) == pytest.approx(by_hand)
+    dense = 10.0 + 2 * (1.5 + 3.0 + 9.0)
+    assert table.predicted_speedup([4, 4], [64, 64]) == pytest.approx(1.0)
+    assert table.predicted_speedup([2, 0], [8, 0]) == pytest.approx(dense / (10.0 + 1.5 + 1.5 + 2.0 + 1.5))
+    # a layer with nothing left runs its LayerNorms, unless the model ships without it
+    assert table.predict_ms([0], [0]) == pytest.approx(11.5)
+    assert table.predict_ms([0], [0], drop_empty_layers=True) == pytest.approx(10.0)
+    with pytest.raises(UsageError, match="layer_heads has 2 layers"):
+        table.predict_ms([1, 1], [8])
+
+
+def test_a_table_measured_against_the_smallest_blocks_refuses_one_empty_block():
+    table = hand_table("smallest")
+    assert table.attention_ms(1) == 0.0 and table.ffn_ms(1) == 0.0
+    assert table.predict_ms([1, 3], [1, 64]) == pytest.approx(10.0 + 1.5 + (1.5 + 2.5 + 9.0))
+    with pytest.raises(UsageError, match="cannot build an empty block"):
+        table.predict_ms([0], [8])
+    assert table.predict_ms([0, 2], [0, 8], drop_empty_layers=True) == pytest.approx(10.0 + 1.5 + 1.5 + 2.0)
+
+
+def test_to_dict_round_trips():
+    table = hand_table()
+    assert LatencyTable.from_dict(table.to_dict()) == table
+
+
+def test_unknown_runtime_and_unsupported_family_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="ort-int8, ort-fp32, torch"):
+        latency_table(tiny_config(), runtime="tensorrt-int4", cache_dir=tmp_path)
+    with pytest.raises(UsageError, match="no latency table for model type 'gpt2'"):
+        latency_table(GPT2Config(n_layer=1, n_embd=32, n_head=4), runtime="torch", cache_dir=tmp_path)
+    with pytest.raises(UsageError, match="outside 1..64"):
+        latency_table(tiny_config(), runtime="torch", cache_dir=tmp_path, width_points=(8, 128))
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path))
+    assert lt.default_cache_dir() == tmp_path / "latency"
+    monkeypatch.delenv("COMPRESS_CACHE_DIR")
+    assert lt.default_cache_dir().parts[-3:] == (".cache", "compress", "latency")
+
+
+# ----------------------------------------------------------------------------- measured tables
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One int8 table of the tiny BERT, built and cached."""
+    cache = tmp_path_factory.mktemp("latency-cache")
+    return latency_table(tiny_config(), cache_dir=cache, **SMALL), cache
+
+
+def test_table_grows_with_kept_heads_and_width(built):
+    table, _ = built
+    assert table.heads[-1] == 4 and table.widths[-1] == 64 and 8 in table.widths
+    att = [table.attention_ms(h) for h in range(table.heads[0], 5)]
+    ffn = [table.ffn_ms(w) for w in range(table.widths[0], 65)]
+    assert att == sorted(att) and ffn == sorted(ffn)
+    assert min(att + ffn) >= 0.0 and table.base_ms > 0.0
+    assert table.dense_ms > 0.0
+    assert table.dense_predicted_ms == pytest.approx(table.predict_ms([4, 4], [64, 64]))
+    assert {c["name"] for c in table.configs} >= {"base", "base_small", "reference", "dense"}
+    assert table.key["runtime"] == "ort-int8" and table.key["shape"]["hidden"] == 32
+
+
+def test_cache_hit_times_nothing_and_rebuild_times_again(built, monkeypatch):
+    table, cache = built
+    calls = []
+    real = lt.measure_interleaved
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lt, "measure_interleaved", counting)
+    again = latency_table(tiny_config(), cache_dir=cache, **SMALL)
+    assert again == table and calls == []
+    assert len(list(cache.glob("*.json"))) == 1
+    other = latency_table(tiny_config(), cache_dir=cache, rebuild=True, **SMALL)
+    assert len(calls) == 2  # the grid models, then the dense one
+    # the same small table measured twice agrees within a loose noise bound
+    assert other.dense_predicted_ms == pytest.approx(table.dense_predicted_ms, rel=0.5)
+    assert other.key == table.key
+
+
+def test_the_cache_key_names_machine_runtime_shape_and_input_size():
+    shape = lt.arch_shape(tiny_config())
+    rt = lt.check_runtime("ort-int8")
+    key = lt.cache_key(shape, rt, 32, 128, 2, (1, 2), (1, 64), "empty")
+    assert set(key["machine"]) >= {"cpu", "cores", "onnxruntime", "torch"}
+    assert key["shape"] == {"model_type": "bert", "hidden": 32, "heads": 4, "head_dim": 8, "ffn": 64,
+                            "layers": 2, "vocab": 2000, "activation": "gelu"}
+    for other in (lt.cache_key(shape, rt, 1, 128, 2, (1, 2), (1, 64), "empty"),
+                  lt.cache_key(shape, lt.check_runtime("torch"), 32, 128, 2, (1, 2), (1, 64), "empty"),
+                  lt.cache_key(dataclasses.replace(shape, hidden=64), rt, 32, 128, 2, (1, 2), (1, 64),
+                               "empty")):
+        assert lt.cache_file(lt.Path("c"), other) != lt.cache_file(lt.Path("c"), key)
+
+
+def test_family_without_empty_blocks_is_measured_against_the_smallest(tmp_path):
+    cfg = DistilBertConfig(vocab_size=500, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                           max_position_embeddings=64)
+    table = latency_table(cfg, runtime="torch", cache_dir=tmp_path, **SMALL)
+    assert table.reference == "smallest" and table.key["shape"]["model_type"] == "distilbert"
+    assert table.heads[0] == 1 and table.widths[0] == 1 and table.attention_ms(1) == 0.0
+    with pytest.raises(UsageError, match="cannot build an empty block"):
+        table.attention_ms(0)
+    assert table.predict_ms([4, 4], [64, 64]) == pytest.approx(table.dense_predicted_ms)
+
+
+def test_the_dense_prediction_is_stored_beside_the_measurement(built):
+    table, _ = built
+    fields = {f.name for f in dataclasses.fields(table)}
+    assert {"dense_ms", "dense_predicted_ms", "build_seconds", "phase_seconds"} <= fields
+    assert table.build_seconds > 0 and set(table.phase_seconds) >= {"export_s", "timing_s"}
