@@ -25,6 +25,9 @@ EXAMPLES = """examples:
       --teacher self --task sst2 ...             # then 250 steps distilling from the dense model
   compress prune --stage post-training --model RUN --structured heads,ffn --criterion fisher \\
       --flops-reduction 0.4 --task sst2 ...      # Kwon et al.: Fisher search + least-squares tuning
+  compress prune --stage post-training --model RUN --structured heads,ffn --criterion fisher \\
+      --speedup 2,3,4 --recovery-steps 500 --teacher self --kd-layers 1 --task sst2 ...
+                                                 # a family aimed at measured int8 speedups, benched
   compress prune --checkpoint-every 200 --out runs/p40     # interrupted? the same command + --resume
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
@@ -64,7 +67,7 @@ def refuse_ignored_options(cfg: PruneConfig, given: set[str]) -> None:
         ignored[why] = [f for f in STRUCTURED_IGNORES if f in given
                         and not (f == "schedule" and cfg.schedule == "oneshot")]
     if cfg.criterion == "fisher":
-        ignored["--criterion fisher (its target is --flops-reduction)"] = [
+        ignored["--criterion fisher (its target is --flops-reduction or --speedup)"] = [
             f for f in ("sparsity",) if f in given]
     if cfg.stage == "post-training":
         ignored["--stage post-training (one prune from calibration data, before any training)"] = [
@@ -108,9 +111,18 @@ def run(args):
 
     if launch_rank()[0] > 0:  # a multi-process launch: rank 0 wrote the run folder and reports it
         return 0
+    if (path / "family.md").is_file():  # a --speedup family: its report, then the folder
+        print((path / "family.md").read_text(encoding="utf-8"))
+        print(f"run folder: {path}")
+        return 0
     report = json.loads((path / "sparsity.json").read_text(encoding="utf-8"))
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    print(format_sparsity_table(report))
+    if summary.get("structured"):  # nothing is zeroed in place: say what was removed instead
+        from compress.report.structure import format_structure_change
+
+        print(format_structure_change(summary["structured"]))
+    else:
+        print(format_sparsity_table(report))
     if "mlm_loss" in summary:
         m = summary["mlm_loss"]
         dense = "not trained" if m["dense_after"] is None else f"{m['dense_after']:.4f}"

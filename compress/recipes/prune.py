@@ -129,6 +129,19 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     flops_reduction: float | None = option(None, help="--structured with --criterion fisher: fraction "
                                                       "of the encoder's FLOPs at --max-length to "
                                                       "remove, in (0, 1)")
+    speedup: tuple[float, ...] = option((), help="--structured with --criterion fisher: times the dense "
+                                                 "model's speed in --latency-runtime at --latency-shape, "
+                                                 "from a latency table measured on this machine (e.g. "
+                                                 "3); several (2,3,4) give a family of models, one run "
+                                                 "folder each, exported, benched and compared in one "
+                                                 "report")
+    latency_runtime: str = option("ort-int8", choices=lambda: tuple(_runtimes()),
+                                  help="--speedup: the runtime the model will ship in (ort-int8 = what "
+                                       "'compress export --optimize --quantize int8' writes)")
+    latency_shape: str = option("32x128", help="--speedup: batch x tokens at which the latency table is "
+                                               "measured and the speedup aimed")
+    max_drop: float = option(1.0, help="--speedup family: the report names the fastest model whose int8 "
+                                       "dev score is at most this many points below the dense model's")
     pattern: str | None = option(None, help="N:M semi-structured sparsity, e.g. 2:4: the N smallest "
                                             "|w| of every group of M consecutive weights along each "
                                             "pruned matrix's input dimension are zeroed (sparsity "
@@ -180,14 +193,38 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if get_criterion(self.criterion).structured_only and not self.structured:
             raise UsageError(f"--criterion {self.criterion} removes whole heads / FFN neurons: add "
                              "--structured heads,ffn and --flops-reduction F")
-        if (self.flops_reduction is None) != (self.criterion != "fisher"):
-            raise UsageError("--flops-reduction sets the target of --criterion fisher (with --structured), "
-                             "and fisher needs it: use both or neither")
+        self._check_speed_target()
         if self.flops_reduction is not None:
             check_range("flops_reduction", self.flops_reduction, 0, 1, lo_open=True, hi_open=True)
         if self.resume and self.out is None:  # checked here too, before any data or model is loaded
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
+
+    def _check_speed_target(self) -> None:
+        """--criterion fisher aims at one of --flops-reduction or --speedup; nothing else reads them."""
+        targets = (self.flops_reduction is not None) + bool(self.speedup)
+        if self.criterion == "fisher" and targets != 1:
+            raise UsageError("--criterion fisher needs one target: --flops-reduction F (fewer FLOPs) or "
+                             "--speedup X (times the dense speed, measured)" if targets == 0 else
+                             "--flops-reduction and --speedup are two targets for the same search; use one")
+        if self.criterion != "fisher" and targets:
+            raise UsageError("--flops-reduction and --speedup set the target of --criterion fisher (with "
+                             "--structured heads,ffn and --stage post-training); add them or drop the target")
+        for x in self.speedup:
+            check_range("speedup", x, 1, None, lo_open=True)
+        if list(self.speedup) != sorted(set(self.speedup)):
+            raise UsageError(f"--speedup {','.join(f'{x:g}' for x in self.speedup)}: give distinct targets "
+                             "in increasing order, e.g. 2,3,4")
+        parse_shape(self.latency_shape)
+        check_range("max_drop", self.max_drop, 0)
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in ("latency_runtime", "latency_shape", "max_drop"):
+            if not self.speedup and getattr(self, name) != default[name]:
+                raise UsageError(f"--{name.replace('_', '-')} applies with --speedup only; add --speedup X "
+                                 "or drop it")
+        if len(self.speedup) < 2 and self.max_drop != default["max_drop"]:
+            raise UsageError("--max-drop picks the fastest model of a --speedup family (several targets, "
+                             "e.g. 2,3,4); drop it or give several targets")
 
     def _check_calibration(self) -> None:
         """Data-aware criteria prune once, from calibration data, in the post-training stage; the
@@ -280,10 +317,37 @@ def make_pruner(cfg: PruneConfig, module: torch.nn.Module, model_dir: str, n_ste
     return pruner, _ScheduledPruningHook(pruner, module, factory)
 
 
-def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict] | None = None) -> dict:
+def _runtimes() -> dict:
+    from compress.measure.latency_table import RUNTIMES
+
+    return RUNTIMES
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'32x128' -> (32, 128); UsageError naming --latency-shape otherwise."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"--latency-shape '{text}': give batch x tokens, e.g. 32x128")
+    return int(parts[0]), int(parts[1])
+
+
+def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict] | None = None,
+                   fisher=None) -> dict:
     """Remove whole heads / FFN neurons: by L2 norm (``compress.pruning.structured``), or with
     ``--criterion fisher`` by Kwon et al.'s search on the calibration ``batches``
-    (``compress.pruning.fisher_structured``)."""
+    (``compress.pruning.fisher_structured``), against a FLOPs target or, with ``--speedup``, a
+    latency table of the shipping runtime (``compress.pruning.latency_structured``; ``fisher``: an
+    importance already computed on the same dense model and batches)."""
+    if cfg.speedup:
+        from compress.measure.latency_table import latency_table
+        from compress.pruning.latency_structured import prune_to_speedup
+
+        batch, tokens = parse_shape(cfg.latency_shape)
+        table = latency_table(module, cfg.latency_runtime, batch, tokens)
+        report = prune_to_speedup(module, batches, table, cfg.speedup[0], tuple(cfg.structured),
+                                  fisher=fisher)
+        return {**report, "latency_runtime": cfg.latency_runtime, "latency_shape": cfg.latency_shape,
+                "latency_table": table.to_dict()}
     if cfg.criterion == "fisher":
         from compress.pruning.fisher_structured import fisher_prune_structured
 
@@ -585,15 +649,18 @@ def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict]) -> list[
     return [collate(chosen[i:i + cfg.batch_size]) for i in range(0, len(chosen), cfg.batch_size)]
 
 
-def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], initial: dict, run: RunDir
-               ) -> tuple[dict | None, dict | None, dict | None]:
+def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], initial: dict, run: RunDir,
+               fisher=None) -> tuple[dict | None, dict | None, dict | None]:
     """The post-training prune itself: whole heads / FFN neurons with --structured, else the
     calibrated criterion on ``targets``; returns (masks, calibration report, structured report) and
     writes ``calibration.json``."""
     from compress.pruning.calibration import prune_calibrated
 
     if cfg.structured:
-        return None, None, run_structured(model, cfg, batches)
+        structured = run_structured(model, cfg, batches, fisher)
+        if "latency_table" in structured:
+            write_json(run.path / "latency_table.json", structured.pop("latency_table"))
+        return None, None, structured
     pattern = NMPattern.parse(cfg.pattern) if cfg.pattern else None
     masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity, cfg.scope,
                                           pattern, initial, seed=cfg.seed)
@@ -634,7 +701,7 @@ class OneShot:
 
 def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run: RunDir,
                       score: Callable[[], dict], encode_train: Callable[[], list],
-                      calibration_set: Callable[[list], list[dict]]) -> OneShot:
+                      calibration_set: Callable[[list], list[dict]], fisher=None) -> OneShot:
     """Score the dense model, prune it once from calibration batches, score it again; both scores
     logged. The prune's seconds cover encoding the training split, drawing the calibration set and
     choosing the masks, not the evaluations."""
@@ -642,7 +709,8 @@ def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run
     run.log_metrics({"phase": "dense", "eval": dense})
     t_prune = time.time()
     feats = encode_train()
-    masks, calibration, structured = prune_once(cfg, model, targets, calibration_set(feats), initial, run)
+    masks, calibration, structured = prune_once(cfg, model, targets, calibration_set(feats), initial, run,
+                                                fisher)
     seconds = round(time.time() - t_prune, 1)
     pruned = score()
     run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
@@ -660,10 +728,12 @@ def post_training_summary(cfg: PruneConfig, task: str, metric: str, once: OneSho
             "calibration": {k: v for k, v in (once.calibration or {}).items() if k != "matrices"} or None}
 
 
-def prune_post_training(cfg: PruneConfig) -> Path:
+def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
     """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
     (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
-    train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self)."""
+    train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self).
+    ``fisher``: the Fisher importance of the same dense model and calibration set, computed once for
+    a family of ``--speedup`` targets."""
     from compress.pruning.pruner import KeepMasksHook
 
     spec, data = load_task_data(cfg)
@@ -685,7 +755,7 @@ def prune_post_training(cfg: PruneConfig) -> Path:
 
         once = score_prune_score(cfg, model, targets, initial, run, score,
                                  lambda: encode(tokenizer, data["train"], cfg.max_length),
-                                 lambda feats: calibration_batches(cfg, tokenizer, feats))
+                                 lambda feats: calibration_batches(cfg, tokenizer, feats), fisher)
         metrics, steps = once.pruned, 0
         if cfg.recovery_steps:
             hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
@@ -768,6 +838,10 @@ STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetun
 def run_prune(cfg: PruneConfig) -> Path:
     """Run the configured stage; returns the finished run folder."""
     family = get_task(cfg.task).family
+    if len(cfg.speedup) > 1:
+        from compress.recipes.speed_family import run_speed_family
+
+        return run_speed_family(cfg)
     if cfg.stage == "post-training" and family == "qa":
         return prune_post_training_qa(cfg)
     if cfg.stage != "pretrain" and family in OTHER_FAMILIES:

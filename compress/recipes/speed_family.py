@@ -1,0 +1,153 @@
+"""``compress prune --stage post-training --structured heads,ffn --criterion fisher --speedup 2,3,4``:
+a family of structured models, one per speedup target, from one calibration, compared in one bench.
+
+Reads top to bottom: check -> measure the latency table (cached per machine, runtime and shape) ->
+one Fisher importance on the dense model -> per target, the post-training prune with the
+latency-constrained search (``compress.recipes.prune.prune_post_training``: its own run folder,
+its recovery steps, its dev score) and the export in the shipping runtime with its dev score ->
+the dense export -> one ``compress bench`` run of the dense model in PyTorch eager fp32, the dense
+export and every member, at batch 1 and at the table's shape -> the report (``family.json``,
+``family.md``, ``family.png``) naming the fastest model within ``--max-drop`` points of the dense
+model's dev score.
+
+Each target starts from the dense model (the same Fisher, a fresh copy): a later target's search is
+not tied to an earlier one's choices, and the members can be run or re-run independently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from compress.core.config import to_dict
+from compress.core.errors import UsageError
+from compress.core.runs import RunDir, write_json
+from compress.recipes.finetune import load_task_data
+from compress.recipes.prune import PruneConfig, calibration_batches, parse_shape, prune_post_training
+
+DEFAULT_MAX_DROP = next(f.default for f in fields(PruneConfig) if f.name == "max_drop")
+# latency runtime -> how the family ships it: export options (None: the model folder itself) and
+# the bench provider
+SHIPPING = {"ort-int8": ({"optimize": True, "quantize": "int8"}, "cpu"),
+            "ort-fp32": ({"optimize": True}, "cpu"),
+            "ort-cuda-fp16": ({"optimize": True, "precision": "fp16", "provider": "cuda"}, "cuda"),
+            "torch": (None, "cpu")}
+
+
+def check_family(cfg: PruneConfig) -> None:
+    """What a family needs, before any data or model is read."""
+    from compress.tasks import get_task
+
+    if cfg.stage != "post-training" or not cfg.structured or cfg.criterion != "fisher":
+        raise UsageError("--speedup with several targets builds a family of structured models: use it with "
+                         "--stage post-training --structured heads,ffn --criterion fisher")
+    if get_task(cfg.task).family not in ("classification", "multilabel"):
+        raise UsageError(f"a --speedup family is scored on classification tasks; task '{cfg.task}' is not "
+                         "one: give one target (--speedup X) for it")
+    if cfg.latency_runtime not in SHIPPING:
+        raise UsageError(f"--latency-runtime {cfg.latency_runtime}: a family ships in one of "
+                         f"{', '.join(SHIPPING)}")
+
+
+def run_speed_family(cfg: PruneConfig) -> Path:
+    """Build, score, export and bench one structured model per ``cfg.speedup`` target."""
+    from compress.measure.latency_table import latency_table
+    from compress.models.loading import load_classifier
+    from compress.pruning.fisher_masks import fisher_importance
+    from compress.training.loop import encode, set_seed
+
+    check_family(cfg)
+    spec, data = load_task_data(cfg)
+    batch, tokens = parse_shape(cfg.latency_shape)
+    with RunDir("prune", name=cfg.name or f"{spec.name}-speed-family", out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        set_seed(cfg.seed)
+        model, tokenizer, _ = load_classifier(cfg.model, data["train"].label_names,
+                                              multilabel=data["train"].multilabel, strict_labels=True)
+        table = latency_table(model, cfg.latency_runtime, batch, tokens)
+        write_json(run.path / "latency_table.json", table.to_dict())
+        feats = encode(tokenizer, data["train"], cfg.max_length)
+        fisher = fisher_importance(model, calibration_batches(cfg, tokenizer, feats))
+        del model, feats
+        members = [_member(cfg, run.path, x, fisher) for x in cfg.speedup]
+        dense = _ship(cfg, cfg.model, run.path / f"dense-{cfg.latency_runtime}.onnx")
+        bench = _bench(cfg, run.path, dense, members, batch, tokens)
+        _report(cfg, run.path, spec.metric, members, dense, bench, batch, tokens)
+    return run.path
+
+
+def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher) -> dict[str, Any]:
+    """One target: the post-training prune (its own run folder) and its shipped form."""
+    member_cfg = replace(cfg, speedup=(target,), out=str(family_dir / f"speedup-{target:g}x"), name=None,
+                         max_drop=DEFAULT_MAX_DROP)
+    path = prune_post_training(member_cfg, fisher=fisher)
+    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    s = summary["structured"]
+    shipped = _ship(cfg, str(path), path / f"model-{cfg.latency_runtime}.onnx")
+    return {"label": f"{target:g}x", "target": target, "run": path.name, "summary": summary,
+            "score_fp32": summary["eval"]["score"],
+            "score_before_recovery": summary["eval_pruned_before_recovery"]["score"],
+            "score_int8": shipped["score"], "shipped": shipped,
+            "predicted_speedup": s["predicted_speedup"], "heads_kept": sum(s["layer_heads"]),
+            "ffn_kept": sum(s["layer_ffn"]), "attention_blocks_removed": s["attention_blocks_removed"],
+            "ffn_blocks_removed": s["ffn_blocks_removed"], "layers_removed": s["layers_removed"],
+            "layer_heads": s["layer_heads"], "layer_ffn": s["layer_ffn"],
+            "params_after": s["params_after"], "flops_reduction": s["flops_reduction"]}
+
+
+def _ship(cfg: PruneConfig, model: str, to: Path) -> dict[str, Any]:
+    """``model`` in the shipping runtime: the export to ``to`` (with its dev score), or the model
+    folder itself for the PyTorch runtime."""
+    from compress.recipes.export import ExportConfig, run_export
+
+    options, _ = SHIPPING[cfg.latency_runtime]
+    if options is None:
+        return {"path": model, "score": None}
+    report = run_export(ExportConfig(model=model, to=str(to), task=cfg.task, data_dir=cfg.data_dir,
+                                     eval_limit=cfg.eval_limit, max_length=cfg.max_length, **options))
+    acc = report["accuracy"]
+    shipped = acc.get(options.get("quantize") or options.get("precision") or "fp32") or acc["fp32"]
+    return {"path": str(to), "score": shipped.get("score"), "metrics": shipped,
+            "fp32_graph_score": acc["fp32"].get("score"), "export_report": to.with_suffix(".json").name}
+
+
+def _bench(cfg: PruneConfig, family_dir: Path, dense: dict, members: list[dict], batch: int,
+           tokens: int) -> dict[str, Any]:
+    from compress.recipes.bench import BenchConfig, run_bench
+
+    _, provider = SHIPPING[cfg.latency_runtime]
+    entries = [f"dense-eager-fp32={cfg.model}", f"dense-{cfg.latency_runtime}={dense['path']}"]
+    entries += [f"{m['label']}={m['shipped']['path']}" for m in members]
+    return run_bench(BenchConfig(models=tuple(entries), batch_sizes=tuple(sorted({1, batch})),
+                                 seq_lens=(tokens,), runtimes=("torch",), provider=provider,
+                                 out=str(family_dir / "bench")))
+
+
+def _report(cfg: PruneConfig, family_dir: Path, metric: str, members: list[dict], dense: dict,
+            bench: dict, batch: int, tokens: int) -> None:
+    from compress.report.speed_family import family_rows, fastest_within, format_family_table, plot_family
+
+    shapes = sorted({(1, tokens), (batch, tokens)})
+    dense_fp32 = members[0]["summary"]["eval_dense"]["score"]
+    rows = family_rows([{k: v for k, v in m.items() if k != "summary"} for m in members], bench["rows"],
+                       shapes, dense_int8=f"dense-{cfg.latency_runtime}")
+    speed_key = f"vs_dense_int8_{batch}x{tokens}"
+    best = fastest_within(rows, dense_fp32, cfg.max_drop, speed_key)
+    table = format_family_table(rows, shapes, dense_fp32, metric)
+    verdict = (f"fastest within {cfg.max_drop:g} point(s) of dense ({100 * dense_fp32:.2f}): {best['label']} "
+               f"({best[speed_key]:.2f}x the dense {cfg.latency_runtime} export at {batch}x{tokens})"
+               if best else f"no model is within {cfg.max_drop:g} point(s) of dense ({100 * dense_fp32:.2f})")
+    shipped = "" if dense["score"] is None else f", {dense['score']:.4f} ({cfg.latency_runtime})"
+    dense_line = f"dense: {metric} {dense_fp32:.4f} (PyTorch fp32){shipped}"
+    write_json(family_dir / "family.json", {"metric": metric, "dense_score": dense_fp32,
+                                            "dense_shipped": dense, "max_drop": cfg.max_drop,
+                                            "speed_key": speed_key, "rows": rows,
+                                            "fastest_within_budget": best and best["label"],
+                                            "bench_run": Path(bench["run_dir"]).name,
+                                            "latency_runtime": cfg.latency_runtime,
+                                            "latency_shape": cfg.latency_shape})
+    (family_dir / "family.md").write_text(f"{dense_line}\n\n{table}\n\n{verdict}\n", encoding="utf-8")
+    plot_family(rows, speed_key, dense_fp32, cfg.max_drop, family_dir / "family.png", metric)
