@@ -231,3 +231,66 @@ def test_a_data_aware_criterion_without_batches_is_refused(tiny_classifier):
     model = copy.deepcopy(tiny_classifier)
     with pytest.raises(UsageError, match="needs calibration batches"):
         prune_calibrated(model, _targets(model), [], "wanda", 0.5)
+
+
+# ------------------------------------------------------------------------- re-pruning, blocks, draws
+
+
+def test_later_column_blocks_take_the_error_of_the_earlier_ones():
+    """16 columns in blocks of 4, the first 6 columns of every row pruned (forced, so the mask is
+    known): the kept weights must equal the closed-form optimum w'_R = w_R + H_RR^-1 H_RP w_P,
+    which moves the columns of blocks 2-4 too; without the update of the later blocks
+    (w[:, i2:] -= err1 @ u[i1:i2, i2:]) they would stay as they were."""
+    x = _inputs(7, features=16)
+    gram = x.T @ x
+    w = torch.randn(5, 16, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    forced = torch.zeros_like(w, dtype=torch.bool)
+    forced[:, :6] = True
+    new, keep, _ = sparsegpt_prune(w, gram, prune_count=30, forced=forced, blocksize=4, percdamp=0.01)
+    assert torch.equal(keep, ~forced)
+    h = torch.inverse(damped_inverse(gram, w, 0.01))
+    p, r = slice(0, 6), slice(6, 16)
+    expected = w[:, r] + (torch.linalg.solve(h[r, r], h[r, p] @ w[:, p].T)).T
+    torch.testing.assert_close(new[:, r], expected, rtol=1e-8, atol=1e-10)
+    assert not torch.allclose(new[:, 8:], w[:, 8:])  # the blocks after the pruned ones moved
+
+
+@pytest.mark.parametrize("split", ["uniform", "saliency"])
+def test_re_pruning_counts_the_old_zeros_toward_the_matrix_target(split):
+    """70% -> 70%: the old zeros sit unevenly (90% of the first block, 63% of the rest); the matrix
+    ends at exactly 70% (no block keeps more than its old zeros), every old zero stays."""
+    x = _inputs(3, features=32)
+    w = torch.randn(10, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    forced = torch.zeros_like(w, dtype=torch.bool)
+    forced[:, :8] = torch.rand(10, 8, generator=g) < 0.9
+    rest = int(round(0.7 * w.numel())) - int(forced.sum())
+    idx = torch.randperm(10 * 24, generator=g)[:rest]
+    tail = torch.zeros(10 * 24, dtype=torch.bool)
+    tail[idx] = True
+    forced[:, 8:] = tail.reshape(10, 24)
+    target = int(round(0.7 * w.numel()))
+    assert int(forced.sum()) == target and float(forced[:, :8].float().mean()) > 0.8
+    new, keep, _ = sparsegpt_prune(w, x.T @ x, prune_count=target, forced=forced, blocksize=8,
+                                   block_split=split)
+    assert int((~keep).sum()) == target and torch.equal(~keep, forced)
+    # 50% -> 70%: the new zeros come on top of the old ones, and the total is the target
+    half = torch.zeros(w.numel(), dtype=torch.bool)
+    half[torch.randperm(w.numel(), generator=g)[:w.numel() // 2]] = True
+    half = half.reshape(w.shape)
+    new, keep, _ = sparsegpt_prune(w, x.T @ x, prune_count=target, forced=half, blocksize=8,
+                                   block_split=split)
+    assert int((~keep).sum()) == target and not (keep & half).any()
+    assert (new[~keep] == 0).all()
+
+
+def test_block_counts_split_uniformly_without_old_zeros():
+    from compress.pruning.sparsegpt import _block_counts
+
+    sal = torch.rand(6, 20, generator=torch.Generator().manual_seed(0))
+    counts = _block_counts(sal, 61, 8, "uniform")
+    assert counts == [round(61 * b / 20) - round(61 * a / 20) for a, b in ((0, 8), (8, 16), (16, 20))]
+    forced = torch.zeros(6, 20, dtype=torch.bool)
+    forced[:, :8] = True  # 48 old zeros in the first block, 13 more to spread over the other 72
+    counts = _block_counts(sal, 61, 8, "uniform", forced)
+    assert sum(counts) == 61 and counts[0] == 48 and counts[1] == 9 and counts[2] == 4
