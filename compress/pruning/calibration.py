@@ -47,13 +47,48 @@ class _StopForward(Exception):
     """Raised by a forward hook at the end of the layer being calibrated: the rest is not needed."""
 
 
-def calibration_sample(n_examples: int, n: int, seed: int) -> list[int]:
+def calibration_sample(n_examples: int, n: int, seed: int, labels: Sequence | None = None) -> list[int]:
     """``n`` distinct example indices out of ``n_examples`` (all of them when ``n`` is larger), drawn
-    by a seeded permutation and returned sorted: the same calibration set for the same seed."""
+    by a seeded permutation and returned sorted: the same calibration set for the same seed.
+
+    With ``labels`` (one hashable label per example, e.g. a class id or a tuple of them) the draw
+    is stratified: each label gets its share of ``n`` in proportion to its count (largest
+    remainders; at least one example per label while ``n`` allows), so a small class is neither
+    left out nor over-drawn by chance; within a label the examples are the first of the same
+    seeded permutation."""
     if n < 1:
         raise UsageError(f"--calibration-samples must be >= 1, got {n}")
     g = torch.Generator().manual_seed(seed)
-    return sorted(torch.randperm(n_examples, generator=g)[:n].tolist())
+    order = torch.randperm(n_examples, generator=g).tolist()
+    if labels is None or n >= n_examples:
+        return sorted(order[:n])
+    if len(labels) != n_examples:
+        raise UsageError(f"calibration_sample got {len(labels)} labels for {n_examples} examples")
+    groups: dict = {}
+    for i in order:  # each label's examples in the permutation's order
+        groups.setdefault(labels[i], []).append(i)
+    return sorted(i for key, k in _stratum_sizes({k: len(v) for k, v in groups.items()}, n).items()
+                  for i in groups[key][:k])
+
+
+def _stratum_sizes(counts: dict, n: int) -> dict:
+    """How many of ``n`` draws (fewer than the examples) each stratum of ``counts`` (key -> size,
+    in first-seen order) gets: shares in proportion to the sizes by largest remainders (ties: the
+    first seen), then a stratum left at 0 takes one from the largest while that has more than one
+    (the larger strata first), so every label is seen when ``n`` allows."""
+    keys = list(counts)
+    total = sum(counts.values())
+    exact = {k: n * counts[k] / total for k in keys}
+    sizes = {k: int(exact[k]) for k in keys}
+    for k in sorted(keys, key=lambda k: -(exact[k] - sizes[k]))[:n - sum(sizes.values())]:
+        sizes[k] += 1
+    for k in sorted((k for k in keys if sizes[k] == 0), key=lambda k: -counts[k]):
+        donor = max(keys, key=lambda d: sizes[d])
+        if sizes[donor] <= 1:
+            break
+        sizes[donor] -= 1
+        sizes[k] += 1
+    return sizes
 
 
 def _model_inputs(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:

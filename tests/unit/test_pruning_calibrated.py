@@ -294,3 +294,24 @@ def test_block_counts_split_uniformly_without_old_zeros():
     forced[:, :8] = True  # 48 old zeros in the first block, 13 more to spread over the other 72
     counts = _block_counts(sal, 61, 8, "uniform", forced)
     assert sum(counts) == 61 and counts[0] == 48 and counts[1] == 9 and counts[2] == 4
+
+
+def test_calibration_draw_is_stratified_by_label_and_seeded():
+    """95 examples of label 0, 5 of label 1: a draw of 20 holds 1 of label 1 at least, shares in
+    proportion (19 and 1), the same set for the same seed, another for another seed."""
+    labels = [0] * 95 + [1] * 5
+    perm = torch.randperm(100, generator=torch.Generator().manual_seed(0)).tolist()
+    labels = [labels[i] for i in perm]
+    for seed in range(20):
+        draw = calibration_sample(100, 20, seed, labels)
+        assert len(draw) == len(set(draw)) == 20 and draw == sorted(draw)
+        assert sum(labels[i] for i in draw) == 1, seed
+        assert draw == calibration_sample(100, 20, seed, labels)
+    assert calibration_sample(100, 20, 0, labels) != calibration_sample(100, 20, 1, labels)
+    # three labels, the rarest's share rounds to 0: it takes one from the largest
+    three = [0] * 90 + [1] * 8 + [2] * 2
+    draw = calibration_sample(100, 10, 0, three)
+    assert sorted(three[i] for i in draw) == [0] * 8 + [1] + [2]
+    assert calibration_sample(5, 10, 0, [0, 1, 0, 1, 0]) == [0, 1, 2, 3, 4]
+    multi = [(1.0, 0.0)] * 30 + [(0.0, 1.0)] * 3  # multi-label rows as tuples
+    assert sum(multi[i] == (0.0, 1.0) for i in calibration_sample(33, 11, 0, multi)) == 1
