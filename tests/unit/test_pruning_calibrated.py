@@ -296,6 +296,59 @@ def test_block_counts_split_uniformly_without_old_zeros():
     assert sum(counts) == 61 and counts[0] == 48 and counts[1] == 9 and counts[2] == 4
 
 
+def _embedding_and_layer_masks(model, sparsity: float, seed: int) -> dict:
+    from compress.pruning.targets import named_weights
+
+    params = named_weights(model)
+    g = torch.Generator().manual_seed(seed)
+    names = ["embeddings.word_embeddings.weight", "encoder.layer.0.intermediate.dense.weight",
+             "encoder.layer.1.attention.self.query.weight"]
+    return {n: torch.rand(params[n].shape, generator=g) >= sparsity for n in names}
+
+
+@pytest.mark.parametrize("criterion", ["sparsegpt", "wanda", "magnitude"])
+def test_old_zeros_stay_in_every_matrix_in_the_targets_or_not(tiny_classifier, criterion):
+    """An already pruned model (70% of the word embeddings, an FFN and a query matrix) pruned again
+    at 50% without the embeddings and the FFN-in matrices: every old zero is still zero in the
+    weights and in the returned masks, the embeddings' and FFN's masks included."""
+    from compress.pruning.targets import named_weights, select_targets
+
+    model = copy.deepcopy(tiny_classifier)
+    initial = _embedding_and_layer_masks(model, 0.7, seed=1)
+    params = named_weights(model)
+    with torch.no_grad():
+        for n, m in initial.items():
+            params[n].masked_fill_(~m, 0.0)
+    targets = select_targets(model, (), ("role:ffn_in",), word_embeddings=False)
+    assert "embeddings.word_embeddings.weight" not in targets
+    masks, report = prune_calibrated(model, targets, _batches(), criterion, 0.5, initial_masks=initial)
+    for n, m in initial.items():
+        assert n in masks, n
+        assert not (masks[n] & ~m).any(), n  # no old zero is kept
+        assert (params[n][~m] == 0).all(), n
+    assert report["masks_kept_outside_targets"] == ["embeddings.word_embeddings.weight",
+                                                    "encoder.layer.0.intermediate.dense.weight"]
+    # the query matrix was at 70%, asked 50%: it stays at 70% (old zeros win), exactly
+    q = "encoder.layer.1.attention.self.query.weight"
+    assert int((~masks[q]).sum()) == int((~initial[q]).sum())
+
+
+def test_old_zeros_of_the_word_embeddings_stay_when_they_are_pruned_again(tiny_classifier):
+    """The embeddings are outside the encoder layers (pruned by magnitude): at 70% before and 50%
+    asked, all their old zeros stay in the mask (before, those past the 50% budget were marked kept)."""
+    from compress.pruning.targets import select_targets
+
+    model = copy.deepcopy(tiny_classifier)
+    emb = "embeddings.word_embeddings.weight"
+    initial = {emb: _embedding_and_layer_masks(model, 0.7, seed=2)[emb]}
+    targets = select_targets(model, ("role:word_embeddings",), (), word_embeddings=False)
+    with torch.no_grad():
+        targets[emb].masked_fill_(~initial[emb], 0.0)
+    masks, _ = prune_calibrated(model, targets, _batches(), "sparsegpt", 0.5, initial_masks=initial)
+    assert not (masks[emb] & ~initial[emb]).any()
+    assert (targets[emb][~masks[emb]] == 0).all()
+
+
 def test_calibration_draw_is_stratified_by_label_and_seeded():
     """95 examples of label 0, 5 of label 1: a draw of 20 holds 1 of label 1 at least, shares in
     proportion (19 and 1), the same set for the same seed, another for another seed."""
