@@ -73,6 +73,9 @@ def test_recovery_with_the_dense_model_as_teacher_keeps_the_masks(finetuned, tmp
                  "--teacher", "self", *FAST, "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["recovery_steps"] == 3 and summary["distillation"] is not None
+    assert summary["train_seconds"] >= 0  # it trained: the seconds are recorded
+    first = (out / "model" / "README.md").read_text().split("\n---\n", 1)[1].split("\n\n")[1]
+    assert "then 3 recovery training steps" in first, first
     masks = load_file(str(out / "model" / "masks.safetensors"))
     weights = load_file(str(out / "model" / "model.safetensors"))
     for name, m in masks.items():
