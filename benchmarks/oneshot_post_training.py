@@ -10,8 +10,9 @@ finished rows).
         --split-by-article 38/10 --max-length 256 --only sparsegpt-50,wanda-50,magnitude-50 \\
         --runs-dir RUNS --out artifacts/benchmarks/oneshot_squad.json
 
-The encoder's matrices are pruned (``--exclude role:word_embeddings``; ``--with-embeddings`` adds the
-word embeddings, pruned by magnitude whatever the criterion). Cells (``--cells``, comma-separated;
+The encoder's matrices are pruned (``--exclude role:word_embeddings``, the post-training default
+anyway; ``--with-embeddings`` adds the word embeddings with ``--include role:word_embeddings``,
+pruned by magnitude whatever the criterion). Cells (``--cells``, comma-separated;
 default all, in this order):
 - ``oneshot``: sparsegpt, wanda and magnitude at 50%, 60%, 70% and 2:4, no training after pruning;
 - ``recovery``: sparsegpt at 60%, 70%, 80% and 2:4, then ``--recovery-steps`` (250) steps
@@ -94,6 +95,8 @@ def main(argv=None) -> int:
             cmd[-2:-2] = ["--split-by-article", args.split_by_article]
         if not args.with_embeddings and "--structured" not in flags:
             cmd[-2:-2] = ["--exclude", "role:word_embeddings"]
+        elif "--structured" not in flags:
+            cmd[-2:-2] = ["--include", "role:word_embeddings"]
         t0 = time.time()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         row = {"name": name, "group": group, "cmd": " ".join(cmd[2:]), "rc": proc.returncode,

@@ -42,11 +42,14 @@ if TYPE_CHECKING:
 
 
 def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
-                     exclude: Sequence[str] = ()) -> dict[str, torch.nn.Parameter]:
+                     exclude: Sequence[str] = (), *, word_embeddings: bool = True
+                     ) -> dict[str, torch.nn.Parameter]:
     """The parameters ``make_pruner`` would prune, by canonical name (``encoder.layer.0...``).
 
     Default: every role matrix of the architecture's role table (Q, K, V or fused QKV, attention
-    output, FFN in and out of every layer) and the word embeddings. ``include``/``exclude`` take the
+    output, FFN in and out of every layer) and the word embeddings (``word_embeddings=False``: not
+    them, unless ``include`` names them; what ``prune_model`` with a calibrated criterion prunes).
+    ``include``/``exclude`` take the
     ``--include``/``--exclude`` patterns (glob, ``re:REGEX``, ``role:NAME``). A model outside the
     role table with no ``include`` raises UsageError naming the supported architectures and the fix.
     """
@@ -63,7 +66,7 @@ def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
         raise UsageError(f"{what} has no prunable matrices that compress knows of (role tables: "
                          f"{', '.join(SUPPORTED)}); pass include=('re:<regex>',) naming its weight "
                          "matrices, e.g. include=(r're:\\.weight$',)")
-    return select_targets(model, tuple(include), tuple(exclude))
+    return select_targets(model, tuple(include), tuple(exclude), word_embeddings)
 
 
 def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gradual",
@@ -102,6 +105,7 @@ def make_pruner(model: torch.nn.Module, sparsity: float, *, schedule: str = "gra
     check.check_real("initial_sparsity", initial_sparsity, 0, 1)
     check.check_real("power", power)
     check.check_int("seed", seed, 0)
+    check.check_initial_masks(initial_masks, model)
     if schedule not in SCHEDULES:
         raise UsageError(f"unknown schedule '{schedule}'; choose one of: {', '.join(SCHEDULES)}")
     if schedule == "gradual" and total_steps is None and prune_steps is None:
@@ -127,36 +131,50 @@ def prune_model(model: torch.nn.Module, sparsity: float, *, criterion: str = "ma
     ``criterion`` "wanda" or "sparsegpt" choose the masks from ``calibration``: batches of the
     model's inputs (dicts with ``input_ids``, ``attention_mask``, ...; e.g. a few hundred training
     sentences through your tokenizer), run through the model layer by layer
-    (``compress.pruning.calibration``); "sparsegpt" also rewrites the kept weights. The word
-    embeddings (and other matrices outside the encoder layers) are pruned by magnitude.
-    ``initial_masks`` (True = kept) stay pruned."""
+    (``compress.pruning.calibration``); "sparsegpt" also rewrites the kept weights. They leave the
+    word embeddings dense unless ``include=("role:word_embeddings",)`` names them (then pruned by
+    magnitude, as other matrices outside the encoder layers). ``initial_masks`` (True = kept) stay
+    pruned, in every matrix: those of matrices not pruned now are applied and returned too.
+
+    Everything is checked before the model changes (one UsageError line): a model with NaN or
+    infinite weights (ModelError), calibration batches that are not integer ``input_ids`` of the
+    model's vocabulary and length, an ``attention_mask`` of another shape or with an empty row, a
+    ``pattern`` with another ``sparsity``, ``initial_masks`` naming an unknown matrix, of another
+    shape or not bool."""
     from compress.core.errors import UsageError
     from compress.pruning.criteria import get_criterion
-
-    if not (isinstance(criterion, str) and get_criterion(criterion).data_aware):
-        if calibration is not None:
-            raise UsageError(f"calibration= is read by the criteria that see data (wanda, sparsegpt), "
-                             f"not by '{criterion}'; drop it or choose one of those")
-        pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
-                             include=include, exclude=exclude, seed=seed, pattern=pattern,
-                             initial_masks=initial_masks)
-        pruner.initialize()
-        return pruner.finalize()
-    from compress.pruning.calibration import prune_calibrated
+    from compress.pruning.integrity import check_finite_parameters
     from compress.pruning.masks import NMPattern
+    from compress.pruning.pruner import check_pattern_fits
 
     check.check_module("model", model)
     check.check_real("sparsity", sparsity, 0, 1)
     check.check_int("seed", seed, 0)
-    if isinstance(calibration, (str, bytes, dict)) or not isinstance(calibration, Sequence):
-        raise UsageError(f"calibration must be a list of input batches (dicts of tensors), got "
-                         f"{type(calibration).__name__}; e.g. [tokenizer(texts, padding=True, "
-                         "return_tensors='pt')]")
-    targets = prunable_targets(model, include, exclude)
+    data_aware = isinstance(criterion, str) and get_criterion(criterion).data_aware
+    if not data_aware and calibration is not None:
+        raise UsageError(f"calibration= is read by the criteria that see data (wanda, sparsegpt), "
+                         f"not by '{criterion}'; drop it or choose one of those")
+    batches = check.check_calibration(calibration, model) if data_aware else None
+    check.check_initial_masks(initial_masks, model)
     nm = NMPattern.parse(pattern) if pattern else None
-    masks, _ = prune_calibrated(model, targets, [dict(b) for b in calibration], criterion, sparsity,
-                                scope, nm, initial_masks, seed=seed)
-    return masks
+    if nm is not None:
+        check_pattern_fits(nm, {}, criterion if isinstance(criterion, str) else "magnitude", scope, sparsity)
+    check_finite_parameters(model)
+    if not data_aware:
+        pruner = make_pruner(model, sparsity, schedule="oneshot", criterion=criterion, scope=scope,
+                             include=include, exclude=exclude, seed=seed, pattern=pattern,
+                             initial_masks=initial_masks)
+        pruner.initialize()
+        masks = pruner.finalize()
+    else:
+        from compress.pruning.calibration import prune_calibrated
+
+        targets = prunable_targets(model, include, exclude, word_embeddings=False)
+        masks, _ = prune_calibrated(model, targets, batches, criterion, sparsity, scope, nm, initial_masks,
+                                    seed=seed)
+    from compress.pruning.calibration import carry_masks
+
+    return dict(sorted({**masks, **carry_masks(model, masks, initial_masks)}.items()))
 
 
 def model_meta(model: torch.nn.Module, base_model: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -229,8 +247,10 @@ def write_pruning_files(folder: str | os.PathLike, model: torch.nn.Module,
 
 def verify_masks(folder: str | os.PathLike) -> dict[str, Any]:
     """``compress verify``: reload the model saved in ``folder`` (or ``folder/model``) from disk and
-    check that every weight its ``masks.safetensors`` prunes is exactly zero. Returns counts
-    (tensors, pruned, total, sparsity); raises IntegrityError naming the regrown tensors."""
+    check that every weight is finite, that a structured-pruned model's shapes are its config's, and
+    that every weight its ``masks.safetensors`` prunes is exactly zero (a dense folder has none).
+    Returns counts (kind, tensors, pruned, total, sparsity); raises IntegrityError naming the
+    offending tensors."""
     from compress.pruning.integrity import verify_run
 
     check.check_path("folder", folder)

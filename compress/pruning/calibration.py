@@ -39,6 +39,7 @@ from compress.pruning.criteria import Criterion, LayerStats, unstructured
 from compress.pruning.masks import NMPattern, get_scope, keep_mask_flat, n_pruned, nm_mask
 from compress.pruning.pruner import check_pattern_fits
 from compress.pruning.sparsegpt import sparsegpt_prune
+from compress.pruning.targets import named_weights
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
@@ -47,13 +48,48 @@ class _StopForward(Exception):
     """Raised by a forward hook at the end of the layer being calibrated: the rest is not needed."""
 
 
-def calibration_sample(n_examples: int, n: int, seed: int) -> list[int]:
+def calibration_sample(n_examples: int, n: int, seed: int, labels: Sequence | None = None) -> list[int]:
     """``n`` distinct example indices out of ``n_examples`` (all of them when ``n`` is larger), drawn
-    by a seeded permutation and returned sorted: the same calibration set for the same seed."""
+    by a seeded permutation and returned sorted: the same calibration set for the same seed.
+
+    With ``labels`` (one hashable label per example, e.g. a class id or a tuple of them) the draw
+    is stratified: each label gets its share of ``n`` in proportion to its count (largest
+    remainders; at least one example per label while ``n`` allows), so a small class is neither
+    left out nor over-drawn by chance; within a label the examples are the first of the same
+    seeded permutation."""
     if n < 1:
         raise UsageError(f"--calibration-samples must be >= 1, got {n}")
     g = torch.Generator().manual_seed(seed)
-    return sorted(torch.randperm(n_examples, generator=g)[:n].tolist())
+    order = torch.randperm(n_examples, generator=g).tolist()
+    if labels is None or n >= n_examples:
+        return sorted(order[:n])
+    if len(labels) != n_examples:
+        raise UsageError(f"calibration_sample got {len(labels)} labels for {n_examples} examples")
+    groups: dict = {}
+    for i in order:  # each label's examples in the permutation's order
+        groups.setdefault(labels[i], []).append(i)
+    return sorted(i for key, k in _stratum_sizes({k: len(v) for k, v in groups.items()}, n).items()
+                  for i in groups[key][:k])
+
+
+def _stratum_sizes(counts: dict, n: int) -> dict:
+    """How many of ``n`` draws (fewer than the examples) each stratum of ``counts`` (key -> size,
+    in first-seen order) gets: shares in proportion to the sizes by largest remainders (ties: the
+    first seen), then a stratum left at 0 takes one from the largest while that has more than one
+    (the larger strata first), so every label is seen when ``n`` allows."""
+    keys = list(counts)
+    total = sum(counts.values())
+    exact = {k: n * counts[k] / total for k in keys}
+    sizes = {k: int(exact[k]) for k in keys}
+    for k in sorted(keys, key=lambda k: -(exact[k] - sizes[k]))[:n - sum(sizes.values())]:
+        sizes[k] += 1
+    for k in sorted((k for k in keys if sizes[k] == 0), key=lambda k: -counts[k]):
+        donor = max(keys, key=lambda d: sizes[d])
+        if sizes[donor] <= 1:
+            break
+        sizes[donor] -= 1
+        sizes[k] += 1
+    return sizes
 
 
 def _model_inputs(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
@@ -158,6 +194,23 @@ def _global_counts(model, groups, batches, crit: Criterion, sparsity: float, for
 
 
 @torch.no_grad()
+def carry_masks(model: torch.nn.Module, targets: dict | Iterable[str],
+                initial_masks: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The ``initial_masks`` (True = kept) of matrices outside ``targets``, applied to ``model``'s
+    weights and returned (CPU bool): a prune of some matrices keeps every other matrix's old
+    zeros, in the weights and in the masks it saves."""
+    params = named_weights(model)
+    out = {}
+    for name, m in (initial_masks or {}).items():
+        if name in targets or name not in params:
+            continue
+        keep = m.detach().to("cpu", torch.bool)
+        params[name].masked_fill_(~keep.to(params[name].device), 0.0)
+        out[name] = keep
+    return out
+
+
+@torch.no_grad()
 def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Parameter],
                      batches: Sequence[dict], criterion: str, sparsity: float, scope: str = "local",
                      pattern: NMPattern | None = None, initial_masks: dict[str, torch.Tensor] | None = None,
@@ -167,7 +220,8 @@ def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Paramet
     ``criterion`` and the calibration ``batches`` (dicts of the model's input tensors; labels and
     other keys are ignored). Returns the masks (CPU bool, True = kept) and a report: per-matrix
     sparsity (and SparseGPT's estimated error), the calibration tokens, seconds and peak memory.
-    ``initial_masks`` (True = kept) stay pruned. The model is left in the train/eval mode it had."""
+    ``initial_masks`` (True = kept) stay pruned, those of matrices outside ``targets`` too (they are
+    returned among the masks). The model is left in the train/eval mode it had."""
     crit = unstructured(criterion)
     get_scope(scope)
     if pattern is not None:  # the pattern checks of the training-time pruner: scope, shapes
@@ -217,14 +271,20 @@ def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Paramet
         if name in forced:
             scores.masked_fill_(forced[name].to(scores.device), float("-inf"))
         keep = _keep_from_scores(scores, n_pruned(w.numel(), sparsity), pattern, False, sparsity)
+        if name in forced:
+            keep &= ~forced[name].to(keep.device)
         w.masked_fill_(~keep.to(w.device), 0.0)
         masks[name] = keep.cpu()
         per_matrix[name] = {"sparsity": round(1 - float(keep.float().mean()), 6), "criterion": "magnitude"}
     model.train(was_training)
     total = sum(m.numel() for m in masks.values())
+    sparsity_reached = round(sum(int((~m).sum()) for m in masks.values()) / max(1, total), 6)
+    carried = carry_masks(model, targets, initial_masks)
+    masks.update(carried)
     report = {"criterion": criterion, "scope": scope, "pattern": str(pattern) if pattern else None,
               "sparsity_target": sparsity,
-              "sparsity": round(sum(int((~m).sum()) for m in masks.values()) / max(1, total), 6),
+              "sparsity": sparsity_reached,
+              "masks_kept_outside_targets": sorted(carried),
               "calibration_batches": len(batches), "calibration_tokens": tokens,
               "layer_passes": "sequential, each layer sees the pruned layers before it",
               "outside_layers": {"criterion": "magnitude", "matrices": others},

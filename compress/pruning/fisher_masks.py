@@ -93,6 +93,11 @@ class FisherImportance:
     loss: str
 
 
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``batch`` with its tensors on ``device`` (the model's): calibration batches are built on the CPU."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def split_labels(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
     """(the model's inputs without the label keys, batch size)."""
     inputs = {k: v for k, v in batch.items() if k not in LABEL_KEYS}
@@ -123,6 +128,7 @@ def fisher_importance(model: nn.Module, batches: Iterable[dict[str, torch.Tensor
     try:
         with unit_masks(model, heads, neurons):
             for batch in batches:
+                batch = to_device(batch, device)
                 inputs, n = split_labels(batch)
                 labelled = any(k in batch for k in LABEL_KEYS) if labelled is None else labelled
                 heads[:] = [torch.ones(n, h, device=device, requires_grad=True) for h, _ in sizes]

@@ -10,7 +10,7 @@ from torch import nn
 
 from compress.core.errors import ModelError
 from compress.models.architectures import encoder_layers, head_layout, layout_for
-from compress.pruning.fisher_masks import split_labels, unit_masks
+from compress.pruning.fisher_masks import split_labels, to_device, unit_masks
 
 
 class _Stop(Exception):
@@ -81,6 +81,8 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
         return report
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
+    batches = [to_device(b, device) for b in batches]
     # dense pass: each layer's inputs (layer 0's hidden states; the other arguments of every
     # layer) and its attention / FFN outputs, the targets
     calls: list[list[tuple[tuple, dict]]] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from compress.core.errors import DataError, IntegrityError
+from compress.core.errors import DataError, IntegrityError, ModelError
 from compress.pruning.targets import named_weights
 
 MASKS_FILE = "masks.safetensors"
@@ -106,6 +106,26 @@ def check_finite_weights(model_dir: Path) -> None:
                              f"unusable: {REDO}")
 
 
+@torch.no_grad()
+def check_finite_parameters(model: torch.nn.Module, source: str | None = None) -> None:
+    """Raise ModelError naming the first parameter or buffer of ``model`` (in memory) holding NaN
+    or infinite entries, and how many tensors do: pruning such a model would spread them (SparseGPT's
+    Gram matrix, Wanda's norms) or hide them behind zeros."""
+    bad = []
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point():
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            if nan or inf:
+                bad.append((name, nan, inf))
+    if bad:
+        name, nan, inf = bad[0]
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        where = f" of {source}" if source else ""
+        raise ModelError(f"the model{where} is not finite: {name} holds {nan} NaN and {inf} infinite "
+                         f"entries{more}; prune a model with finite weights (its run diverged or its "
+                         "file is damaged)")
+
+
 def save_masks(masks: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -151,26 +171,99 @@ def recorded_pattern(model_dir: Path) -> str | None:
 
 
 def verify_run(run: str | Path) -> dict:
-    """Reload ``RUN/model`` from disk and check that every saved weight is finite (a dense model
-    folder too), every mask, and the N:M pattern of every masked matrix when the run records one;
-    returns counts for the report."""
+    """``compress verify`` of any folder compress writes: reload ``RUN/model`` (or the model folder
+    itself) from disk and check that every saved weight is finite; a structured-pruned model's
+    weight shapes against its config's ``layer_heads`` / ``layer_intermediate``; every mask, and
+    the N:M pattern of every masked matrix when the run records one. A dense model (no masks, none
+    recorded) passes on the first two; a distillation run's ``student/`` on its weights being
+    finite. Returns counts for the report (``kind``: masked, dense or student)."""
     run = Path(run)
+    if not (run / "model").is_dir() and (run / "student" / "student.json").is_file():
+        return _verify_student(run / "student")
     model_dir = run / "model" if (run / "model").is_dir() else run
     if not (model_dir / "config.json").is_file():
+        if (model_dir / "student.json").is_file():
+            return _verify_student(model_dir)
         raise DataError(f"{run} is not a run folder with a saved model (no model/config.json); pass "
                         "a folder written by 'compress prune'")
     from compress.models.loading import check_safetensors_folder
 
     check_safetensors_folder(model_dir, REDO)
     check_finite_weights(model_dir)  # first: a dense folder (no masks) is checked too
-    masks = load_masks(model_dir / MASKS_FILE)
+    structure = check_structure(model_dir)
+    meta = _read_meta(model_dir)
+    masks_file = model_dir / MASKS_FILE
+    if not masks_file.is_file() and (meta.get("pruning") or {}).get("masks_file"):
+        raise IntegrityError(f"{model_dir} records masks (compress.json: pruning.masks_file) but has no "
+                             f"{MASKS_FILE}: the pruned weights cannot be checked; {REDO}")
+    masks = load_masks(masks_file) if masks_file.is_file() else {}
     model = load_saved_model(model_dir)
-    pattern = recorded_pattern(model_dir)
+    pattern = recorded_pattern(model_dir) if masks else None
     if pattern:  # first: a weight regrown in a group names the group, not only the tensor
         check_pattern(model, list(masks), pattern)
     check_masks(model, masks)
     pruned = sum(m.numel() - int(torch.count_nonzero(m)) for m in masks.values())
     total = sum(m.numel() for m in masks.values())
-    return {"tensors": len(masks), "pruned": pruned, "total": total,
-            "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir),
-            "pattern": pattern}
+    return {"kind": "masked" if masks else "dense", "tensors": len(masks), "pruned": pruned,
+            "total": total, "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir),
+            "pattern": pattern, "structure": structure}
+
+
+def _read_meta(model_dir: Path) -> dict:
+    meta_file = Path(model_dir) / "compress.json"
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _verify_student(folder: Path) -> dict:
+    """A distilled student (``student/``): its weights readable and finite."""
+    from compress.models.loading import check_safetensors_folder
+
+    check_safetensors_folder(folder, REDO)
+    check_finite_weights(folder)
+    return {"kind": "student", "tensors": 0, "pruned": 0, "total": 0, "sparsity": 0.0,
+            "model_dir": str(folder), "pattern": None, "structure": None}
+
+
+@torch.no_grad()
+def check_structure(model_dir: Path) -> dict | None:
+    """For a structured-pruned model (``config.json`` with ``layer_heads`` / ``layer_intermediate``):
+    raise IntegrityError naming the first saved tensor whose shape differs from the one its config
+    gives (the model built from the config on the meta device, so nothing is allocated); returns
+    the per-layer sizes, or None for a model of uniform layers."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    from compress.models.loading import register_model_types
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    if raw.get("layer_heads") is None and raw.get("layer_intermediate") is None:
+        return None
+    register_model_types()
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    cls = AutoModelForSequenceClassification if _read_meta(model_dir).get("label_names") else AutoModel
+    try:
+        with torch.device("meta"):
+            expected_model = cls.from_config(config)
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise IntegrityError(f"{model_dir}/config.json does not describe a model: "
+                             f"{str(exc).splitlines()[0][:160]}; {REDO}") from None
+    prefix = f"{expected_model.base_model_prefix}."
+    expected = {n.removeprefix(prefix): tuple(t.shape) for n, t in expected_model.state_dict().items()}
+    sizes = {"layer_heads": raw.get("layer_heads"), "layer_intermediate": raw.get("layer_intermediate")}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        if f.name == MASKS_FILE:
+            continue
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                shape = tuple(fh.get_slice(name).get_shape())
+                want = expected.get(name.removeprefix(prefix))
+                if want is not None and shape != want:
+                    raise IntegrityError(
+                        f"{name} is {list(shape)} in the saved weights, but config.json's layer_heads "
+                        f"{sizes['layer_heads']} / layer_intermediate {sizes['layer_intermediate']} "
+                        f"make it {list(want)}; the config and the weights disagree: {REDO}")
+    return sizes

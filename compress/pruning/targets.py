@@ -7,7 +7,10 @@ the base model keep their own names (``classifier.weight``).
 
 Default: every role matrix of every encoder layer in the architecture's role table
 (``compress.models.architectures``: Q, K, V or a fused QKV, attention output, FFN in and out) and the
-word embeddings, as in Gordon et al. (2020). ``--include`` adds, ``--exclude`` removes. A pattern is
+word embeddings, as in Gordon et al. (2020); the post-training (one-shot) prune leaves the word
+embeddings out of its default (``word_embeddings=False``), as SparseGPT and Wanda do, and prunes
+them only where ``--include`` names them (``role:word_embeddings``). ``--include`` adds,
+``--exclude`` removes. A pattern is
 ``role:NAME`` (a role of the table, e.g. ``role:ffn_in``, or ``role:word_embeddings``), a glob
 (``*.pooler.*``; a pattern without wildcards matches any name containing it) or, prefixed with
 ``re:``, a regular expression searched in the name. Biases, LayerNorms and other 1-D tensors are
@@ -94,8 +97,10 @@ def _role_hits(pattern: str, flag: str, layout: EncoderLayout | None,
 
 
 def select_targets(model: torch.nn.Module, include: tuple[str, ...] = (),
-                   exclude: tuple[str, ...] = ()) -> dict[str, torch.nn.Parameter]:
-    """The parameters to prune, by canonical name, in sorted order.
+                   exclude: tuple[str, ...] = (), word_embeddings: bool = True
+                   ) -> dict[str, torch.nn.Parameter]:
+    """The parameters to prune, by canonical name, in sorted order. ``word_embeddings=False``
+    leaves the word embeddings out of the default set (``include`` may still name them).
 
     Raises UsageError when the architecture is outside the role table and ``--include`` names
     nothing, when a pattern matches no parameter, when ``--include`` matches only
@@ -107,7 +112,8 @@ def select_targets(model: torch.nn.Module, include: tuple[str, ...] = (),
     if layout is None and not include:
         layout_for(model)  # raises: the supported architectures, and --include
     roles = weight_roles(model, layout) if layout is not None else {}
-    chosen = {n for n in roles if is_prunable(n, params[n])}
+    chosen = {n for n, (_, role) in roles.items() if is_prunable(n, params[n])
+              and (word_embeddings or role != WORD_EMBEDDINGS)}
     for pat in include:
         if pat.startswith("role:"):
             chosen.update(_role_hits(pat, "--include", layout, roles))

@@ -49,6 +49,7 @@ from compress.pruning.calibration import calibration_sample
 from compress.pruning.criteria import CRITERIA, get_criterion
 from compress.pruning.integrity import (
     MASKS_FILE,
+    check_finite_parameters,
     check_masks,
     check_pattern,
     load_masks,
@@ -68,6 +69,11 @@ from compress.pruning.schedules import DEFAULT_POWER, SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig, evaluate_classifier, load_task_data, run_finetune
+from compress.recipes.post_training import (
+    post_training_target,
+    read_calibration_text,
+    refuse_post_training_flags,
+)
 from compress.recipes.saving import save_model
 from compress.tasks import get_task
 from compress.training.loop import TrainConfig, TrainHook, encode, set_seed, train
@@ -246,6 +252,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if self.resume:
             raise UsageError("--stage post-training runs in minutes and does not resume; run it again "
                              "without --resume")
+        refuse_post_training_flags(self)
 
     def _check_pattern(self) -> None:
         """N:M pruning is per matrix, by magnitude, at sparsity N/M: the default sparsity becomes
@@ -383,8 +390,8 @@ def save_pruned(run: RunDir, model, tokenizer, masks: dict | None, meta: dict, s
         return summary
     save_model(model, tokenizer, run.path / "model", meta)
     report = write_masks_and_sparsity(run.path, masks)
-    summary = {**summary, "sparsity": {g: report[g]["sparsity"] for g in ("global", "embeddings",
-                                                                          "encoder")},
+    summary = {"run": run.final.name, **summary,
+               "sparsity": {g: report[g]["sparsity"] for g in ("global", "embeddings", "encoder")},
                "heads_overall": report["heads_overall"]}
     if meta.get("pruning", {}).get("pattern"):
         summary["pattern"] = meta["pruning"]["pattern"]
@@ -634,17 +641,22 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     return run.path
 
 
-def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict]) -> list[dict]:
+def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict], lines: list[str] | None = None
+                        ) -> list[dict]:
     """The calibration set, batched: ``--calibration-samples`` training examples drawn with
-    ``--seed`` (the dev split is never read here), or the lines of ``--calibration-data``."""
-    from compress.pruning.mlm import read_corpus
+    ``--seed``, stratified by label (the dev split is never read here), or the ``lines`` of
+    ``--calibration-data``, unlabelled (a loss that needs labels, Fisher's, then takes the model's
+    own prediction; a made-up label would be wrong for every other class)."""
     from compress.training.loop import make_collate
 
-    if cfg.calibration_data is not None:
-        lines = read_corpus((cfg.calibration_data,))
+    if lines is not None:
         enc = tokenizer(lines, truncation=True, max_length=cfg.max_length)
-        feats = [{**{k: enc[k][i] for k in enc.keys()}, "labels": 0} for i in range(len(lines))]
-    chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
+        texts = [{k: enc[k][i] for k in enc.keys()} for i in range(len(lines))]
+        chosen = [texts[i] for i in calibration_sample(len(texts), cfg.calibration_samples, cfg.seed)]
+        return [dict(tokenizer.pad(chosen[i:i + cfg.batch_size], return_tensors="pt"))
+                for i in range(0, len(chosen), cfg.batch_size)]
+    labels = [tuple(f["labels"]) if isinstance(f["labels"], list) else f["labels"] for f in feats]
+    chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed, labels)]
     collate = make_collate(tokenizer)
     return [collate(chosen[i:i + cfg.batch_size]) for i in range(0, len(chosen), cfg.batch_size)]
 
@@ -669,20 +681,32 @@ def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], init
 
 
 def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
-    """The matrices to prune (none with --structured), checked against --pattern, and the masks of
-    an already pruned ``--model`` (kept pruned); before any run folder exists."""
-    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude)
+    """The matrices to prune (none with --structured; the word embeddings only where --include
+    names them), checked against --pattern, and the masks of an already pruned ``--model`` (kept
+    pruned, in every matrix); before any run folder exists."""
+    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude,
+                                                       word_embeddings=False)
     if cfg.pattern is not None:
         check_pattern_fits(NMPattern.parse(cfg.pattern), targets, cfg.criterion, cfg.scope, cfg.sparsity)
     initial, model_dir = {}, Path(resolve_model(cfg.model))
     if (model_dir / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
         initial, _ = matching_masks(model, load_masks(model_dir / MASKS_FILE))
+        if cfg.structured and any(not m.all() for m in initial.values()):
+            raise UsageError(f"--structured would not keep the zeros of {model_dir}, which is pruned "
+                             f"({MASKS_FILE}); give --structured its dense original, or drop --structured")
     return targets, initial
 
 
 def post_training_meta(cfg: PruneConfig, masks: dict | None, structured: dict | None) -> dict:
-    return {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
+    """``compress.json``'s ``pruning``; a Fisher search records its FLOPs target, not the
+    ``--sparsity`` it never reads."""
+    meta = {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
+            "recovery_steps": cfg.recovery_steps or 0,
             **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}
+    if cfg.flops_reduction is not None:
+        del meta["sparsity"]
+        meta["flops_reduction"] = cfg.flops_reduction
+    return meta
 
 
 @dataclass
@@ -719,10 +743,13 @@ def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run
 
 def post_training_summary(cfg: PruneConfig, task: str, metric: str, once: OneShot, metrics: dict,
                           steps: int, started: float) -> dict:
-    """The summary fields both post-training stages (classification, squad) write."""
+    """The summary fields both post-training stages (classification, squad) write: what was pruned
+    (the sparsity target, or the structure removed), how, and the recovery steps (0: none);
+    ``train_seconds`` only when a recovery trained."""
     return {"command": "prune", "stage": cfg.stage, "task": task, "model": cfg.model,
-            "criterion": cfg.criterion, "recovery_steps": steps, "prune_seconds": once.seconds,
-            "train_seconds": round(time.time() - started, 1), "metric": metric,
+            "criterion": cfg.criterion, **post_training_target(cfg, once.structured),
+            "recovery_steps": steps, "prune_seconds": once.seconds,
+            **({"train_seconds": round(time.time() - started, 1)} if steps else {}), "metric": metric,
             "eval_dense": once.dense, "eval_pruned_before_recovery": once.pruned, "eval": metrics,
             "structured": once.structured,
             "calibration": {k: v for k, v in (once.calibration or {}).items() if k != "matrices"} or None}
@@ -736,14 +763,16 @@ def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
     a family of ``--speedup`` targets."""
     from compress.pruning.pruner import KeepMasksHook
 
+    lines = read_calibration_text(cfg)
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names
     multilabel = data["train"].multilabel
     set_seed(cfg.seed)
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel, strict_labels=True)
+    check_finite_parameters(model, cfg.model)
+    targets, initial = post_training_targets(cfg, model)
     teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
                             else (None, None))
-    targets, initial = post_training_targets(cfg, model)
     with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
@@ -755,7 +784,7 @@ def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
 
         once = score_prune_score(cfg, model, targets, initial, run, score,
                                  lambda: encode(tokenizer, data["train"], cfg.max_length),
-                                 lambda feats: calibration_batches(cfg, tokenizer, feats), fisher)
+                                 lambda feats: calibration_batches(cfg, tokenizer, feats, lines), fisher)
         metrics, steps = once.pruned, 0
         if cfg.recovery_steps:
             hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
@@ -793,8 +822,9 @@ def prune_post_training_qa(cfg: PruneConfig) -> Path:
     data = load_qa_data(cfg)
     set_seed(cfg.seed)
     model, tokenizer, _ = load_qa_model(cfg.model, require_finetuned=True)
-    teacher = load_span_teacher(cfg, tokenizer) if cfg.teacher else None
+    check_finite_parameters(model, cfg.model)
     targets, initial = post_training_targets(cfg, model)
+    teacher = load_span_teacher(cfg, tokenizer) if cfg.teacher else None
     with RunDir("prune", name=_name(cfg, QA_TASK), out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)

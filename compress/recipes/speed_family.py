@@ -25,6 +25,7 @@ from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
 from compress.recipes.finetune import load_task_data
+from compress.recipes.post_training import read_calibration_text
 from compress.recipes.prune import PruneConfig, calibration_batches, parse_shape, prune_post_training
 
 DEFAULT_MAX_DROP = next(f.default for f in fields(PruneConfig) if f.name == "max_drop")
@@ -56,9 +57,11 @@ def run_speed_family(cfg: PruneConfig) -> Path:
     from compress.measure.latency_table import latency_table
     from compress.models.loading import load_classifier
     from compress.pruning.fisher_masks import fisher_importance
+    from compress.recipes.post_training import check_finite_parameters
     from compress.training.loop import encode, set_seed
 
     check_family(cfg)
+    lines = read_calibration_text(cfg)
     spec, data = load_task_data(cfg)
     batch, tokens = parse_shape(cfg.latency_shape)
     with RunDir("prune", name=cfg.name or f"{spec.name}-speed-family", out=cfg.out) as run:
@@ -67,10 +70,11 @@ def run_speed_family(cfg: PruneConfig) -> Path:
         set_seed(cfg.seed)
         model, tokenizer, _ = load_classifier(cfg.model, data["train"].label_names,
                                               multilabel=data["train"].multilabel, strict_labels=True)
+        check_finite_parameters(model, cfg.model)
         table = latency_table(model, cfg.latency_runtime, batch, tokens)
         write_json(run.path / "latency_table.json", table.to_dict())
         feats = encode(tokenizer, data["train"], cfg.max_length)
-        fisher = fisher_importance(model, calibration_batches(cfg, tokenizer, feats))
+        fisher = fisher_importance(model, calibration_batches(cfg, tokenizer, feats, lines))
         del model, feats
         members = [_member(cfg, run.path, x, fisher) for x in cfg.speedup]
         dense = _ship(cfg, cfg.model, run.path / f"dense-{cfg.latency_runtime}.onnx")

@@ -73,6 +73,12 @@ def _run_folder(folder: Path) -> Path | None:
     return None
 
 
+def _final_name(run: Path) -> str:
+    """The run's name once complete: a run is written as ``.tmp-<name>`` and renamed at the end
+    (``compress.core.runs.RunDir``), after its card is written."""
+    return run.name[len(".tmp-"):] if run.name.startswith(".tmp-") else run.name
+
+
 def _last_eval(run: Path) -> dict[str, Any] | None:
     """The last record of ``metrics.jsonl`` with an ``eval`` dict (what the saved model scored)."""
     path = run / "metrics.jsonl"
@@ -172,6 +178,50 @@ def card_metadata(meta: dict[str, Any], metrics: dict[str, float], name: str, *,
     return header
 
 
+# --criterion -> how a card names it
+CRITERION_NAMES = {"magnitude": "by magnitude (Gordon et al. 2020)",
+                   "random": "at random (Gordon et al.'s control)",
+                   "wanda": "with Wanda (Sun et al. 2023)",
+                   "sparsegpt": "with SparseGPT (Frantar & Alistarh 2023)",
+                   "fisher": "by Fisher-guided search (Kwon et al. 2022)"}
+
+
+def pruning_description(pruning: dict[str, Any]) -> str:
+    """What pruned the model, from ``compress.json``'s ``pruning``: the structure removed (heads,
+    FFN neurons, the FLOPs reduction of a Fisher search) or the sparsity target and pattern, and
+    for the post-training stage that it pruned once, after training."""
+    criterion = pruning.get("criterion")
+    how = CRITERION_NAMES.get(criterion, f"by {criterion}" if criterion else None)
+    once = "once, after fine-tuning," if pruning.get("stage") == "post-training" else None
+    result = (pruning.get("structured") or {}).get("result")
+    if isinstance(result, dict):
+        how = "by L2 norm" if criterion == "magnitude" else how
+        amount = (f"{result.get('heads_removed', 0)} attention heads and {result.get('ffn_removed', 0)} "
+                  "FFN neurons removed")
+        if isinstance(result.get("flops_reduction"), (int, float)):
+            amount += f", {100 * result['flops_reduction']:.1f}% fewer encoder FLOPs"
+        head = " ".join(p for p in ("structured-pruned", once, how) if p)
+        return f"{head}: {amount}"
+    target = pruning.get("sparsity")
+    if pruning.get("pattern"):
+        amount = f"to the {pruning['pattern']} pattern"
+    elif isinstance(target, (int, float)):
+        amount = f"to {100 * target:.0f}% target sparsity"
+    else:
+        return "pruned"
+    return " ".join(p for p in ("pruned", once, how, amount) if p)
+
+
+def _task_phrase(pruning: dict[str, Any], task: str) -> str:
+    """A post-training prune does not fine-tune: it says whether it trained to recover after."""
+    if pruning.get("stage") != "post-training":
+        return f"fine-tuned on {task}"
+    steps = pruning.get("recovery_steps")
+    if steps:
+        return f"for {task}, then {steps} recovery training steps"
+    return f"for {task}, with no training after pruning"
+
+
 def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, float] | None = None,
                       sparsity: dict | None = None, flops: dict | None = None, flops_note: str | None = None,
                       seq_len: int = 128, command: str | None = None, config: dict | str | None = None,
@@ -188,16 +238,11 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
     header = card_metadata(meta, metrics, name, pruned=pruned, model_type=model_type)
     lines = ["---", yaml.safe_dump(header, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
              f"# {name}", ""]
-    what = []
-    if pruned:
-        target = pruning.get("sparsity")
-        how = f"magnitude-pruned (Gordon et al. 2020) to {100 * target:.0f}% target sparsity" \
-            if isinstance(target, (int, float)) else "pruned"
-        what.append(how)
+    what = [pruning_description(pruning)] if pruned else []
     if meta.get("distillation") or meta.get("teacher"):
         what.append("distilled from a teacher")
     if meta.get("task"):
-        what.append(f"fine-tuned on {meta['task']}")
+        what.append(_task_phrase(pruning, meta["task"]))
     base = header.get("base_model")
     desc = ", ".join(what) if what else "saved"
     lines.append(f"A {model_type or 'transformer'} encoder {desc}" + (f", from `{base}`" if base else "")
@@ -273,7 +318,7 @@ def write_model_card(folder: str | Path, model=None, *, meta: dict[str, Any] | N
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type is None and (folder / "config.json").is_file():
         model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    name = run.name if run is not None else folder.resolve().name
+    name = _final_name(run) if run is not None else folder.resolve().name
     text = render_model_card(meta, name=name, metrics=_numeric(metrics or {}),
                              sparsity=_sparsity(folder, run, model, sparsity), flops=flops,
                              flops_note=note, seq_len=seq_len,

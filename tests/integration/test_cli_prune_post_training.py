@@ -73,6 +73,9 @@ def test_recovery_with_the_dense_model_as_teacher_keeps_the_masks(finetuned, tmp
                  "--teacher", "self", *FAST, "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["recovery_steps"] == 3 and summary["distillation"] is not None
+    assert summary["train_seconds"] >= 0  # it trained: the seconds are recorded
+    first = (out / "model" / "README.md").read_text().split("\n---\n", 1)[1].split("\n\n")[1]
+    assert "then 3 recovery training steps" in first, first
     masks = load_file(str(out / "model" / "masks.safetensors"))
     weights = load_file(str(out / "model" / "model.safetensors"))
     for name, m in masks.items():
@@ -178,3 +181,165 @@ def test_squad_sparsegpt_one_shot_then_recovery_with_span_kd(tiny_bert, tmp_path
         assert abs(float((w == 0).float().mean()) - 0.5) < 0.01, key
     assert json.loads((out / "model" / "compress.json").read_text())["task"] == "squad"
     assert main(["verify", str(out)]) == 0
+
+
+EMB = "embeddings.word_embeddings.weight"
+
+
+def _canonical_weights(run) -> dict:
+    weights = load_file(str(run / "model" / "model.safetensors"))
+    return {k.removeprefix("bert."): w for k, w in weights.items()}
+
+
+def _card(run) -> tuple[dict, str]:
+    import yaml
+
+    header, body = (run / "model" / "README.md").read_text().removeprefix("---\n").split("\n---\n", 1)
+    return yaml.safe_load(header), body
+
+
+def test_a_one_shot_run_leaves_the_embeddings_dense_and_says_what_it_did(finetuned, tmp_path):
+    import torch
+
+    dense = _canonical_weights(finetuned("bert"))
+    out = tmp_path / "sgpt-50"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--criterion",
+                 "sparsegpt", "--sparsity", "0.5", "--calibration-samples", "16", *FAST,
+                 "--out", str(out)]) == 0
+    masks = load_file(str(out / "model" / "masks.safetensors"))
+    assert EMB not in masks and len(masks) == 12
+    assert torch.equal(_canonical_weights(out)[EMB], dense[EMB])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sparsity"]["embeddings"] == 0.0
+    assert summary["run"] == "sgpt-50" and summary["stage"] == "post-training"
+    assert summary["criterion"] == "sparsegpt" and summary["sparsity_target"] == 0.5
+    assert summary["recovery_steps"] == 0 and "train_seconds" not in summary
+    meta, body = _card(out)
+    text = (out / "model" / "README.md").read_text()
+    assert meta["model-index"][0]["name"] == "sgpt-50" and ".tmp-" not in text
+    first = body.split("\n\n")[1]
+    assert "pruned once, after fine-tuning, with SparseGPT (Frantar & Alistarh 2023) to 50% target " \
+           "sparsity" in first and "with no training after pruning" in first, first
+    assert "magnitude-pruned" not in text and "Gordon" not in first and "fine-tuned on" not in first
+    # named, the embeddings are pruned (by magnitude) too
+    out = tmp_path / "with-embeddings"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--criterion",
+                 "wanda", "--sparsity", "0.5", "--calibration-samples", "16", "--include",
+                 "role:word_embeddings", *FAST, "--out", str(out)]) == 0
+    masks = load_file(str(out / "model" / "masks.safetensors"))
+    assert abs(float((~masks[EMB].bool()).float().mean()) - 0.5) < 0.01
+
+
+def test_re_pruning_a_pruned_run_keeps_every_old_zero(finetuned, tmp_path, capsys):
+    """A run pruned to 70% everywhere (word embeddings included) is pruned again at 70% without the
+    embeddings and the FFN-in matrices: their old masks and zeros are kept, and every old zero of
+    the re-pruned matrices too; --structured, which would keep none, is refused."""
+    first = tmp_path / "p70"
+    assert main(["prune", "--model", str(finetuned("bert")), "--sparsity", "0.7", "--schedule", "oneshot",
+                 "--max-steps", "2", *FAST, "--out", str(first)]) == 0
+    old = {k: m.bool() for k, m in load_file(str(first / "model" / "masks.safetensors")).items()}
+    assert EMB in old and len(old) == 13
+    out = tmp_path / "again"
+    assert main(["prune", "--stage", "post-training", "--model", str(first), "--criterion", "sparsegpt",
+                 "--sparsity", "0.7", "--exclude", "role:ffn_in", "--calibration-samples", "16", *FAST,
+                 "--out", str(out)]) == 0
+    new = {k: m.bool() for k, m in load_file(str(out / "model" / "masks.safetensors")).items()}
+    weights = _canonical_weights(out)
+    assert set(new) == set(old)
+    for name, m in old.items():
+        assert not (new[name] & ~m).any(), name
+        assert (weights[name][~m] == 0).all(), name
+        if "intermediate.dense" not in name and name != EMB:  # re-pruned: 70% exactly, not more
+            assert int((~new[name]).sum()) == round(0.7 * m.numel()), name
+    assert main(["verify", str(out)]) == 0
+    capsys.readouterr()
+    code = main(["prune", "--stage", "post-training", "--model", str(first), "--structured", "heads,ffn",
+                 "--criterion", "fisher", "--flops-reduction", "0.3", *FAST, "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--structured would not keep the zeros" in err[0], err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_model_with_non_finite_weights_is_refused_before_any_work(finetuned, tmp_path, capsys,
+                                                                      monkeypatch):
+    import shutil
+
+    import compress.recipes.prune as prune
+
+    monkeypatch.setattr(prune, "evaluate_classifier", lambda *a, **k: pytest.fail("scored"))
+    bad = tmp_path / "bad"
+    shutil.copytree(finetuned("bert"), bad)
+    weights = load_file(str(bad / "model" / "model.safetensors"))
+    weights["bert.encoder.layer.1.attention.output.dense.weight"][2, :2] = float("inf")
+    from safetensors.torch import save_file
+
+    save_file(weights, str(bad / "model" / "model.safetensors"), metadata={"format": "pt"})
+    code = main(["prune", "--stage", "post-training", "--model", str(bad), "--criterion", "sparsegpt",
+                 *FAST, "--out", str(tmp_path / "runs" / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "bert.encoder.layer.1.attention.output.dense.weight holds 0 NaN and 2 infinite" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--criterion", "sparsegpt", "--teacher", "self"], "add --recovery-steps N or drop --teacher"),
+    (["--criterion", "sparsegpt", "--recovery-steps", "2", "--checkpoint-every", "1"],
+     "drop --checkpoint-every"),
+    (["--criterion", "sparsegpt", "--task", "squad", "--calibration-data", "lines.txt"],
+     "drop --calibration-data"),
+])
+def test_flags_post_training_would_ignore_are_refused_before_loading(args, words, tmp_path, capsys,
+                                                                      monkeypatch):
+    import compress.recipes.prune as prune
+
+    monkeypatch.setattr(prune, "load_task_data", lambda *a, **k: pytest.fail("loaded"))
+    code = main(["prune", "--stage", "post-training", "--model", "minilm", *args, "--out",
+                 str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--calibration-data", "missing.txt"], 1, "--calibration-data not found: "),
+    (["--include", "nothing_like_this"], 2, "--include 'nothing_like_this' matches no parameter"),
+    (["--exclude", "role:no_such_role"], 2, "unknown role 'no_such_role'"),
+])
+def test_calibration_and_target_errors_come_before_the_dense_model_is_scored(args, code, words, finetuned,
+                                                                             tmp_path, capsys, monkeypatch):
+    import compress.recipes.prune as prune
+
+    monkeypatch.setattr(prune, "evaluate_classifier", lambda *a, **k: pytest.fail("scored first"))
+    args = [str(tmp_path / a) if a == "missing.txt" else a for a in args]
+    got = main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--criterion",
+                "wanda", *args, *FAST, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert got == code and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_fisher_on_unlabelled_text_uses_the_models_own_predictions_and_says_what_it_removed(
+        finetuned, tmp_path, capsys):
+    text = tmp_path / "calibration.txt"
+    text.write_text("".join(f"a plain sentence number {i} with no label at all\n" for i in range(20)))
+    out = tmp_path / "fisher-30"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--structured",
+                 "heads,ffn", "--criterion", "fisher", "--flops-reduction", "0.3", "--calibration-data",
+                 str(text), "--calibration-samples", "12", *FAST, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["structured"]["loss"] == "cross-entropy against the model's own argmax"
+    assert summary["structured"]["examples"] == 12
+    removed = summary["removed"]
+    assert removed["heads"] + removed["ffn_neurons"] > 0 and removed["flops_reduction"] >= 0.3
+    assert removed["flops_reduction_target"] == 0.3 and "sparsity_target" not in summary
+    pruning = json.loads((out / "model" / "compress.json").read_text())["pruning"]
+    assert "sparsity" not in pruning and pruning["flops_reduction"] == 0.3
+    _, body = _card(out)
+    first = body.split("\n\n")[1]
+    assert "target sparsity" not in body and "Kwon et al. 2022" in first, first
+    assert f"{removed['heads']} attention heads and {removed['ffn_neurons']} FFN neurons removed" in first
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("ok: every weight finite, no masks (structured-pruned model)"), line

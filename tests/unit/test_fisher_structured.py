@@ -321,3 +321,38 @@ def test_bad_requests_are_refused_before_the_model_changes():
         fisher_prune_structured(model, batches, 0.99, 10)
     assert type(model) is BertForSequenceClassification
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+class _OnAnotherDevice(torch.Tensor):
+    """A CPU tensor standing for one on a device the model is not on: only ``.to(device)`` turns it
+    into a plain tensor the model may take (so the test runs without a GPU)."""
+
+    def to(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).to(*args, **kwargs)
+
+
+def test_the_fisher_and_tuning_passes_move_each_batch_to_the_models_device():
+    model = tiny_bert()
+    batches = [{k: v.as_subclass(_OnAnotherDevice) for k, v in b.items()} for b in make_batches(model)]
+    seen = []
+
+    def check(module, args, kwargs):
+        seen.append(type(kwargs["input_ids"]))
+        moved = all(not isinstance(v, _OnAnotherDevice) for v in (*args, *kwargs.values()))
+        assert moved, "a batch reached the model without .to(the model's device)"
+
+    handle = model.register_forward_pre_hook(check, with_kwargs=True)
+    try:
+        fisher = fisher_importance(model, batches)
+        tune_masks_least_squares(model, batches, [[0, 1, 2], [1, 2]], [list(range(8)), list(range(6))])
+    finally:
+        handle.remove()
+    assert seen and all(t is torch.Tensor for t in seen)
+    assert fisher.loss == "task loss on the labels"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fisher_prune_structured_on_a_gpu_model_takes_cpu_batches():
+    model = tiny_bert().cuda()
+    report = fisher_prune_structured(model, make_batches(model), 0.3, seq_len=10)
+    assert report["flops_reduction"] >= 0.3

@@ -231,3 +231,140 @@ def test_a_data_aware_criterion_without_batches_is_refused(tiny_classifier):
     model = copy.deepcopy(tiny_classifier)
     with pytest.raises(UsageError, match="needs calibration batches"):
         prune_calibrated(model, _targets(model), [], "wanda", 0.5)
+
+
+# ------------------------------------------------------------------------- re-pruning, blocks, draws
+
+
+def test_later_column_blocks_take_the_error_of_the_earlier_ones():
+    """16 columns in blocks of 4, the first 6 columns of every row pruned (forced, so the mask is
+    known): the kept weights must equal the closed-form optimum w'_R = w_R + H_RR^-1 H_RP w_P,
+    which moves the columns of blocks 2-4 too; without the update of the later blocks
+    (w[:, i2:] -= err1 @ u[i1:i2, i2:]) they would stay as they were."""
+    x = _inputs(7, features=16)
+    gram = x.T @ x
+    w = torch.randn(5, 16, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    forced = torch.zeros_like(w, dtype=torch.bool)
+    forced[:, :6] = True
+    new, keep, _ = sparsegpt_prune(w, gram, prune_count=30, forced=forced, blocksize=4, percdamp=0.01)
+    assert torch.equal(keep, ~forced)
+    h = torch.inverse(damped_inverse(gram, w, 0.01))
+    p, r = slice(0, 6), slice(6, 16)
+    expected = w[:, r] + (torch.linalg.solve(h[r, r], h[r, p] @ w[:, p].T)).T
+    torch.testing.assert_close(new[:, r], expected, rtol=1e-8, atol=1e-10)
+    assert not torch.allclose(new[:, 8:], w[:, 8:])  # the blocks after the pruned ones moved
+
+
+@pytest.mark.parametrize("split", ["uniform", "saliency"])
+def test_re_pruning_counts_the_old_zeros_toward_the_matrix_target(split):
+    """70% -> 70%: the old zeros sit unevenly (90% of the first block, 63% of the rest); the matrix
+    ends at exactly 70% (no block keeps more than its old zeros), every old zero stays."""
+    x = _inputs(3, features=32)
+    w = torch.randn(10, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    forced = torch.zeros_like(w, dtype=torch.bool)
+    forced[:, :8] = torch.rand(10, 8, generator=g) < 0.9
+    rest = int(round(0.7 * w.numel())) - int(forced.sum())
+    idx = torch.randperm(10 * 24, generator=g)[:rest]
+    tail = torch.zeros(10 * 24, dtype=torch.bool)
+    tail[idx] = True
+    forced[:, 8:] = tail.reshape(10, 24)
+    target = int(round(0.7 * w.numel()))
+    assert int(forced.sum()) == target and float(forced[:, :8].float().mean()) > 0.8
+    new, keep, _ = sparsegpt_prune(w, x.T @ x, prune_count=target, forced=forced, blocksize=8,
+                                   block_split=split)
+    assert int((~keep).sum()) == target and torch.equal(~keep, forced)
+    # 50% -> 70%: the new zeros come on top of the old ones, and the total is the target
+    half = torch.zeros(w.numel(), dtype=torch.bool)
+    half[torch.randperm(w.numel(), generator=g)[:w.numel() // 2]] = True
+    half = half.reshape(w.shape)
+    new, keep, _ = sparsegpt_prune(w, x.T @ x, prune_count=target, forced=half, blocksize=8,
+                                   block_split=split)
+    assert int((~keep).sum()) == target and not (keep & half).any()
+    assert (new[~keep] == 0).all()
+
+
+def test_block_counts_split_uniformly_without_old_zeros():
+    from compress.pruning.sparsegpt import _block_counts
+
+    sal = torch.rand(6, 20, generator=torch.Generator().manual_seed(0))
+    counts = _block_counts(sal, 61, 8, "uniform")
+    assert counts == [round(61 * b / 20) - round(61 * a / 20) for a, b in ((0, 8), (8, 16), (16, 20))]
+    forced = torch.zeros(6, 20, dtype=torch.bool)
+    forced[:, :8] = True  # 48 old zeros in the first block, 13 more to spread over the other 72
+    counts = _block_counts(sal, 61, 8, "uniform", forced)
+    assert sum(counts) == 61 and counts[0] == 48 and counts[1] == 9 and counts[2] == 4
+
+
+def _embedding_and_layer_masks(model, sparsity: float, seed: int) -> dict:
+    from compress.pruning.targets import named_weights
+
+    params = named_weights(model)
+    g = torch.Generator().manual_seed(seed)
+    names = ["embeddings.word_embeddings.weight", "encoder.layer.0.intermediate.dense.weight",
+             "encoder.layer.1.attention.self.query.weight"]
+    return {n: torch.rand(params[n].shape, generator=g) >= sparsity for n in names}
+
+
+@pytest.mark.parametrize("criterion", ["sparsegpt", "wanda", "magnitude"])
+def test_old_zeros_stay_in_every_matrix_in_the_targets_or_not(tiny_classifier, criterion):
+    """An already pruned model (70% of the word embeddings, an FFN and a query matrix) pruned again
+    at 50% without the embeddings and the FFN-in matrices: every old zero is still zero in the
+    weights and in the returned masks, the embeddings' and FFN's masks included."""
+    from compress.pruning.targets import named_weights, select_targets
+
+    model = copy.deepcopy(tiny_classifier)
+    initial = _embedding_and_layer_masks(model, 0.7, seed=1)
+    params = named_weights(model)
+    with torch.no_grad():
+        for n, m in initial.items():
+            params[n].masked_fill_(~m, 0.0)
+    targets = select_targets(model, (), ("role:ffn_in",), word_embeddings=False)
+    assert "embeddings.word_embeddings.weight" not in targets
+    masks, report = prune_calibrated(model, targets, _batches(), criterion, 0.5, initial_masks=initial)
+    for n, m in initial.items():
+        assert n in masks, n
+        assert not (masks[n] & ~m).any(), n  # no old zero is kept
+        assert (params[n][~m] == 0).all(), n
+    assert report["masks_kept_outside_targets"] == ["embeddings.word_embeddings.weight",
+                                                    "encoder.layer.0.intermediate.dense.weight"]
+    # the query matrix was at 70%, asked 50%: it stays at 70% (old zeros win), exactly
+    q = "encoder.layer.1.attention.self.query.weight"
+    assert int((~masks[q]).sum()) == int((~initial[q]).sum())
+
+
+def test_old_zeros_of_the_word_embeddings_stay_when_they_are_pruned_again(tiny_classifier):
+    """The embeddings are outside the encoder layers (pruned by magnitude): at 70% before and 50%
+    asked, all their old zeros stay in the mask (before, those past the 50% budget were marked kept)."""
+    from compress.pruning.targets import select_targets
+
+    model = copy.deepcopy(tiny_classifier)
+    emb = "embeddings.word_embeddings.weight"
+    initial = {emb: _embedding_and_layer_masks(model, 0.7, seed=2)[emb]}
+    targets = select_targets(model, ("role:word_embeddings",), (), word_embeddings=False)
+    with torch.no_grad():
+        targets[emb].masked_fill_(~initial[emb], 0.0)
+    masks, _ = prune_calibrated(model, targets, _batches(), "sparsegpt", 0.5, initial_masks=initial)
+    assert not (masks[emb] & ~initial[emb]).any()
+    assert (targets[emb][~masks[emb]] == 0).all()
+
+
+def test_calibration_draw_is_stratified_by_label_and_seeded():
+    """95 examples of label 0, 5 of label 1: a draw of 20 holds 1 of label 1 at least, shares in
+    proportion (19 and 1), the same set for the same seed, another for another seed."""
+    labels = [0] * 95 + [1] * 5
+    perm = torch.randperm(100, generator=torch.Generator().manual_seed(0)).tolist()
+    labels = [labels[i] for i in perm]
+    for seed in range(20):
+        draw = calibration_sample(100, 20, seed, labels)
+        assert len(draw) == len(set(draw)) == 20 and draw == sorted(draw)
+        assert sum(labels[i] for i in draw) == 1, seed
+        assert draw == calibration_sample(100, 20, seed, labels)
+    assert calibration_sample(100, 20, 0, labels) != calibration_sample(100, 20, 1, labels)
+    # three labels, the rarest's share rounds to 0: it takes one from the largest
+    three = [0] * 90 + [1] * 8 + [2] * 2
+    draw = calibration_sample(100, 10, 0, three)
+    assert sorted(three[i] for i in draw) == [0] * 8 + [1] + [2]
+    assert calibration_sample(5, 10, 0, [0, 1, 0, 1, 0]) == [0, 1, 2, 3, 4]
+    multi = [(1.0, 0.0)] * 30 + [(0.0, 1.0)] * 3  # multi-label rows as tuples
+    assert sum(multi[i] == (0.0, 1.0) for i in calibration_sample(33, 11, 0, multi)) == 1

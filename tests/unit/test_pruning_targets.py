@@ -49,3 +49,13 @@ def test_bad_patterns(kw, needle):
     with pytest.raises(UsageError) as e:
         select_targets(BertModel(CFG), **kw)
     assert needle in str(e.value)
+
+
+def test_the_post_training_default_leaves_the_word_embeddings_out_unless_included():
+    m = BertForSequenceClassification(CFG)
+    emb = "embeddings.word_embeddings.weight"
+    assert set(select_targets(m, word_embeddings=False)) == DEFAULT - {emb}
+    assert set(select_targets(m, ("role:word_embeddings",), word_embeddings=False)) == DEFAULT
+    assert set(select_targets(m, ("word_embeddings",), word_embeddings=False)) == DEFAULT
+    # excluding what is already out is no error (scripts written for the old default still run)
+    assert set(select_targets(m, (), ("role:word_embeddings",), word_embeddings=False)) == DEFAULT - {emb}
