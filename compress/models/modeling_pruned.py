@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,8 +129,10 @@ def _rebuild_linear(layer: nn.Module, path: str, in_features: int, out_features:
     parent_path, _, attr = path.rpartition(".")
     parent = layer.get_submodule(parent_path) if parent_path else layer
     old = getattr(parent, attr)
-    setattr(parent, attr, nn.Linear(in_features, out_features, bias=old.bias is not None,
-                                    device=old.weight.device, dtype=old.weight.dtype))
+    with warnings.catch_warnings():  # an empty block's projections have no element to initialise
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        setattr(parent, attr, nn.Linear(in_features, out_features, bias=old.bias is not None,
+                                        device=old.weight.device, dtype=old.weight.dtype))
 
 
 def set_head_attrs(attention: nn.Module, layout: PrunedLayout, heads: int, head_dim: int) -> None:

@@ -41,6 +41,15 @@ def post_training_target(cfg: Any, structured: dict | None) -> dict:
         return {"sparsity_target": cfg.sparsity, **({"pattern": cfg.pattern} if cfg.pattern else {})}
     removed = {"heads": structured.get("heads_removed"), "ffn_neurons": structured.get("ffn_removed")}
     if "flops_reduction" in structured:
-        removed.update(flops_reduction=structured["flops_reduction"],
-                       flops_reduction_target=structured["flops_reduction_requested"])
+        removed["flops_reduction"] = structured["flops_reduction"]
+    if "flops_reduction_requested" in structured:
+        removed["flops_reduction_target"] = structured["flops_reduction_requested"]
+    if "speedup_requested" in structured:
+        removed.update(attention_blocks=structured.get("attention_blocks_removed"),
+                       ffn_blocks=structured.get("ffn_blocks_removed"),
+                       layers=structured.get("layers_removed"),
+                       speedup_target=structured["speedup_requested"],
+                       predicted_speedup=structured["predicted_speedup"],
+                       latency_runtime=structured.get("latency_runtime"),
+                       latency_shape=structured.get("latency_shape"))
     return {"removed": removed}

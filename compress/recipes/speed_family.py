@@ -57,7 +57,7 @@ def run_speed_family(cfg: PruneConfig) -> Path:
     from compress.measure.latency_table import latency_table
     from compress.models.loading import load_classifier
     from compress.pruning.fisher_masks import fisher_importance
-    from compress.recipes.post_training import check_finite_parameters
+    from compress.pruning.integrity import check_finite_parameters
     from compress.training.loop import encode, set_seed
 
     check_family(cfg)

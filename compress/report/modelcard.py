@@ -198,8 +198,18 @@ def pruning_description(pruning: dict[str, Any]) -> str:
         how = "by L2 norm" if criterion == "magnitude" else how
         amount = (f"{result.get('heads_removed', 0)} attention heads and {result.get('ffn_removed', 0)} "
                   "FFN neurons removed")
+        blocks = [f"{result[k]} {what}" for k, what in (("attention_blocks_removed", "attention blocks"),
+                                                         ("ffn_blocks_removed", "FFN blocks"),
+                                                         ("layers_removed", "whole layers"))
+                  if result.get(k)]
+        if blocks:
+            amount += f" ({', '.join(blocks)})"
         if isinstance(result.get("flops_reduction"), (int, float)):
             amount += f", {100 * result['flops_reduction']:.1f}% fewer encoder FLOPs"
+        if isinstance(result.get("predicted_speedup"), (int, float)):
+            amount += (f", aimed at {result['speedup_requested']:g}x the dense speed in "
+                       f"{result.get('latency_runtime')} at {result.get('latency_shape')} (predicted "
+                       f"{result['predicted_speedup']:.2f}x by a latency table measured on the machine)")
         head = " ".join(p for p in ("structured-pruned", once, how) if p)
         return f"{head}: {amount}"
     target = pruning.get("sparsity")

@@ -28,5 +28,5 @@ def format_structure_change(report: Mapping[str, Any]) -> str:
         shape = report.get("latency_shape", "")
         lines.append(f"predicted speedup in {report.get('latency_runtime', 'the runtime')} at {shape}: "
                      f"{report['predicted_speedup']:.2f}x (target {report['speedup_requested']:g}x; "
-                     f"{report['dense_predicted_ms']:.1f} -> {report['predicted_ms']:.1f} ms)")
+                     f"{report['dense_predicted_ms']:.3g} -> {report['predicted_ms']:.3g} ms per batch)")
     return "\n".join(lines)

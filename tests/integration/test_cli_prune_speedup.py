@@ -1,0 +1,86 @@
+"""`compress prune --speedup` through the real CLI on a tiny fine-tuned BERT: one target (a run
+folder whose structure the latency table predicts at the target, verify passing), a family of two
+(one run folder each, exports, one bench run, the report), and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compress.cli.main import main
+from compress.measure.latency_table import LatencyTable
+
+FAST = ("--batch-size", "8", "--max-length", "32", "--calibration-samples", "16")
+SPEED = ("--stage", "post-training", "--structured", "heads,ffn", "--criterion", "fisher",
+         "--latency-shape", "4x32")
+
+
+@pytest.fixture(scope="module")
+def finetuned(tiny_encoder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft") / "run"
+    assert main(["finetune", "--model", str(tiny_encoder("bert")), "--max-steps", "2", *FAST[:4],
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    # one table for the module's tests, measured once (tiny model, 4 x 32), in a folder of the test's own
+    monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "latency-cache"))
+
+
+def test_one_target_meets_its_predicted_speedup_and_verifies(finetuned, tmp_path, capsys):
+    out = tmp_path / "p2"
+    assert main(["prune", "--model", str(finetuned), *SPEED, "--speedup", "2", *FAST, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "heads kept per layer" in printed and "predicted speedup in ort-int8 at 4x32" in printed
+    result = json.loads((out / "summary.json").read_text())["structured"]
+    table = LatencyTable.from_dict(json.loads((out / "latency_table.json").read_text()))
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    # the saved structure is what the table predicts at the target
+    assert table.predicted_speedup(cfg["layer_heads"], cfg["layer_intermediate"]) >= 2.0
+    assert result["predicted_speedup"] == pytest.approx(
+        table.predicted_speedup(cfg["layer_heads"], cfg["layer_intermediate"]))
+    assert main(["verify", str(out)]) == 0
+    assert main(["eval", "--model", str(out), "--max-length", "32"]) == 0
+
+
+def test_a_family_builds_exports_benches_and_names_the_fastest(finetuned, tmp_path, capsys):
+    out = tmp_path / "family"
+    assert main(["prune", "--model", str(finetuned), *SPEED, "--speedup", "1.5,2.5", "--max-drop", "100",
+                 *FAST, "--recovery-steps", "1", "--teacher", "self", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    family = json.loads((out / "family.json").read_text())
+    assert [r["label"] for r in family["rows"]] == ["1.5x", "2.5x"]
+    for row, target in zip(family["rows"], (1.5, 2.5)):
+        assert (out / f"speedup-{target:g}x" / "model" / "config.json").is_file()
+        assert (out / f"speedup-{target:g}x" / "model-ort-int8.onnx").is_file()
+        assert row["predicted_speedup"] >= target
+        assert row["vs_dense_int8_4x32"] > 0 and row["vs_eager_fp32_1x32"] > 0
+        assert 0 <= row["score_int8"] <= 1
+    bench = json.loads((out / "bench" / "bench.json").read_text())
+    assert {r["model"] for r in bench["rows"]} == {"dense-eager-fp32", "dense-ort-int8", "1.5x", "2.5x"}
+    # with a budget of 100 points every model qualifies: the fastest at the table's shape is named
+    fastest = max(family["rows"], key=lambda r: r["vs_dense_int8_4x32"])
+    assert family["fastest_within_budget"] == fastest["label"]
+    assert "fastest within 100 point(s) of dense" in printed and (out / "family.png").stat().st_size > 0
+    assert main(["verify", str(out / "speedup-2.5x")]) == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--stage", "post-training", "--speedup", "2"], "--speedup set the target of --criterion fisher"),
+    ([*SPEED, "--speedup", "2", "--flops-reduction", "0.3"], "two targets"),
+    ([*SPEED, "--speedup", "0.5"], "speedup"),
+    ([*SPEED, "--speedup", "3,2"], "increasing order"),
+    ([*SPEED, "--speedup", "2", "--latency-shape", "32by128"], "--latency-shape"),
+    ([*SPEED, "--speedup", "2", "--latency-runtime", "tensorrt"], "tensorrt"),
+    ([*SPEED, "--speedup", "2", "--max-drop", "0.5"], "--max-drop"),
+    ([*SPEED[:-2], "--flops-reduction", "0.3", "--latency-shape", "8x64"], "applies with --speedup only"),
+])
+def test_bad_speed_targets_are_one_line_exit_2_nothing_written(args, words, finetuned, tmp_path, capsys):
+    out = tmp_path / "runs"
+    code = main(["prune", "--model", str(finetuned), *args, *FAST, "--out", str(out / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not out.exists() or not any(out.iterdir())
