@@ -59,6 +59,13 @@ def test_isotonic_pools_adjacent_violators():
     assert monotone_from_zero([-2.0, 5.0, 3.0]) == [0.0, 4.0, 4.0]  # -2 pooled with the 0, clipped
 
 
+def test_copies_of_a_turn_are_spread_through_the_order():
+    order = lt.spread_copies(["ref", "a", "b", "c", "d", "e"], {"ref": 3})
+    turns = [t for t, _ in order]
+    assert turns == ["ref", "a", "b", "ref#2", "c", "d", "ref#3", "e"]
+    assert {name for _, name in order} == {"ref", "a", "b", "c", "d", "e"}
+
+
 def test_interpolation_between_grid_points_is_linear():
     assert interpolate(36, (0, 8, 64), (0.0, 2.0, 9.0)) == pytest.approx(2.0 + 7.0 * 28 / 56)
     table = hand_table()
