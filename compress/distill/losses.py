@@ -13,11 +13,15 @@ over examples and labels (Tang et al. 2019, who distil BERT into a BiLSTM this w
 temperature.
 
 Examples without a gold label (augmented ones) have ``label_mask`` 0: they add to L_distill only.
+
+``layerwise_mse`` is a term on activations instead of logits: the token-level layer-wise
+distillation of ZipLM (Kurtic, Frantar & Alistarh 2023), for a pruned student that keeps its
+teacher's layer count and hidden size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -113,3 +117,45 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     else:
         distill = KD_LOSSES[kd_loss_name(multilabel, kind)](student_logits, teacher_logits, temperature)
     return {"loss": task + kd_lambda * distill, "task": task, "distill": distill}
+
+
+def layerwise_mse(student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[torch.Tensor],
+                  attention_mask: torch.Tensor | None = None,
+                  layers: Sequence[int] | None = None) -> torch.Tensor:
+    """Token-level layer-wise distillation (ZipLM, Kurtic et al. 2023): for each matched encoder
+    layer l, the squared difference of the student's and the teacher's output token
+    representations at layer l, averaged over the non-padding tokens of the batch and the hidden
+    dimension; then the mean over the matched layers.
+
+    ``student_hidden`` / ``teacher_hidden``: the ``hidden_states`` of a transformers model called
+    with ``output_hidden_states=True``, entry 0 the embeddings and entry l + 1 the output of encoder
+    layer l, each (batch, seq, hidden); the embeddings are never matched. ``attention_mask``
+    (batch, seq): 1 on real tokens, 0 on padding (None: every token counts). ``layers``: the
+    0-based encoder layers to match (None: all), e.g. those a structured prune left something in.
+    Computed in float32 whatever the activations' dtype. Raises ValueError when the two do not
+    pair up (another count or shape) or when ``layers`` is empty or out of range."""
+    if len(student_hidden) != len(teacher_hidden):
+        raise ValueError(f"the student has {len(student_hidden) - 1} layers' hidden states, the teacher "
+                         f"{len(teacher_hidden) - 1}; layer-wise distillation needs the same count")
+    n_layers = len(student_hidden) - 1
+    chosen = list(range(n_layers)) if layers is None else [int(i) for i in layers]
+    if not chosen:
+        raise ValueError("no layer to match: layers is empty")
+    outside = [i for i in chosen if not 0 <= i < n_layers]
+    if outside:
+        raise ValueError(f"layers {outside} are not encoder layers of a {n_layers}-layer model (0-based)")
+    first = student_hidden[chosen[0] + 1]
+    if attention_mask is None:
+        weights = torch.ones(first.shape[:2], device=first.device)
+    else:
+        weights = attention_mask.to(device=first.device, dtype=torch.float32)
+    weights = weights.unsqueeze(-1)  # (batch, seq, 1): broadcast over the hidden dimension
+    per_layer = []
+    for i in chosen:
+        s, t = student_hidden[i + 1], teacher_hidden[i + 1]
+        if s.shape != t.shape:
+            raise ValueError(f"layer {i}: student hidden states {tuple(s.shape)}, teacher "
+                             f"{tuple(t.shape)}; layer-wise distillation needs the same shape")
+        squared = (s.float() - t.float()).pow(2) * weights
+        per_layer.append(squared.sum() / (weights.sum().clamp(min=1.0) * s.shape[-1]))
+    return torch.stack(per_layer).mean()

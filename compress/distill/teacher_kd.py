@@ -4,20 +4,23 @@
 The loss of each step is ``L_task + lambda * T^2 * KL(teacher || student)``
 (``compress.distill.losses.distillation_loss``: softmax KL for single-label tasks, per-label
 Bernoulli KL for multi-label ones), plus, when ``hidden_weight`` > 0, ``hidden_weight`` times the
-mean squared difference of the last layer's hidden states.
+mean squared difference of the last layer's hidden states, and, when ``layers_weight`` > 0,
+``layers_weight`` times the token-level layer-wise MSE of ZipLM (``compress.distill.losses.
+layerwise_mse``): every kept encoder layer of the student against the same layer of the teacher,
+over the non-padding tokens.
 
 The teacher's logits over the training set are computed once before training
 (``teacher_predict``) and travel with each example, so the teacher costs one forward pass over the
 data, not one per step; nothing of it is trained or pruned (``TeacherLogitsLoss`` never sees its
 parameters). Hidden-state distillation needs the teacher's activations of the same batch, so with
-``hidden_weight`` > 0 the teacher runs beside the student each step instead (in eval mode, without
-gradients).
+``hidden_weight`` or ``layers_weight`` > 0 the teacher runs beside the student each step instead
+(in eval mode, without gradients).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +35,7 @@ from compress.distill.losses import (
     check_kd_values,
     default_kd_lambda,
     distillation_loss,
+    layerwise_mse,
 )
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
@@ -42,7 +46,8 @@ TEACHER_SELF = "self"  # --teacher self: the dense model the run starts from
 class TeacherKDOptions:
     """``--teacher``: a fine-tuned run folder or model folder with the task's labels, or ``self``;
     ``--kd-lambda`` (None: 4 single-label, 1 multi-label, as in ``compress distill``),
-    ``--temperature`` T, ``--kd-hidden`` the weight of the last-layer hidden-state MSE (0 = off)."""
+    ``--temperature`` T, ``--kd-hidden`` the weight of the last-layer hidden-state MSE and
+    ``--kd-layers`` that of the layer-wise MSE over every kept layer (0 = off)."""
 
     teacher: str | None = option(None, help="distil from this fine-tuned run/model folder while "
                                             "training (loss = task + lambda * T^2 * KL); 'self' = "
@@ -56,14 +61,22 @@ class TeacherKDOptions:
     kd_hidden: float = option(0.0, help="weight of an MSE between the last layer's hidden states of "
                                         "student and teacher (0 = off; above 0 the teacher runs "
                                         "on every batch)")
+    kd_layers: float = option(0.0, help=f"weight of a token-level layer-wise MSE (ZipLM): each encoder "
+                                        f"layer's output tokens of student and teacher, over "
+                                        f"non-padding tokens, averaged over the layers a structured "
+                                        f"prune kept, in [0, {MAX_KD_LAMBDA:g}] (0 = off; above 0 the "
+                                        f"teacher runs on every batch; same layer count and hidden "
+                                        f"size as the student)")
 
     def __post_init__(self):
         check_teacher_spec(self.teacher)
         check_kd_values(self.temperature, self.kd_lambda)
         check_range("kd_hidden", self.kd_hidden, 0, MAX_KD_LAMBDA)
+        check_range("kd_layers", self.kd_layers, 0, MAX_KD_LAMBDA)
         if self.teacher is None:
             changed = [f"--{n.replace('_', '-')}" for n, default in
-                       (("kd_lambda", None), ("temperature", DEFAULT_TEMPERATURE), ("kd_hidden", 0.0))
+                       (("kd_lambda", None), ("temperature", DEFAULT_TEMPERATURE), ("kd_hidden", 0.0),
+                        ("kd_layers", 0.0))
                        if getattr(self, n) != default]
             if changed:
                 raise UsageError(f"{', '.join(changed)} applies with --teacher only; add --teacher RUN "
@@ -117,27 +130,77 @@ def teacher_logits_collate(base: Callable[[list[dict]], dict]) -> Callable[[list
     return collate
 
 
+def kept_layers(model: torch.nn.Module) -> list[int]:
+    """The 0-based encoder layers of ``model`` whose output a layer-wise distillation matches: all
+    but those a structured prune removed entirely, i.e. whose entries in the config's
+    ``layer_heads`` and ``layer_intermediate`` (``compress.models.modeling_pruned``) are both 0; a
+    field that is None keeps its uniform size. The indices follow ``hidden_states`` (layer l is
+    entry l + 1): ALBERT's entries are per shared layer, and one of its passes maps to nothing only
+    when every layer of the group it runs is removed. ``model`` may be wrapped (DDP: ``.module``)."""
+    config = getattr(model, "config", None)
+    if config is None and hasattr(model, "module"):
+        config = model.module.config
+    n_layers = config.num_hidden_layers
+    heads, ffn = getattr(config, "layer_heads", None), getattr(config, "layer_intermediate", None)
+    if heads is None and ffn is None:
+        return list(range(n_layers))
+    n_entries = len(heads if heads is not None else ffn)
+
+    def removed(entry: int) -> bool:
+        return ((heads is not None and heads[entry] == 0)
+                and (ffn is not None and ffn[entry] == 0))
+
+    if n_entries == n_layers:
+        return [i for i in range(n_layers) if not removed(i)]
+    groups = getattr(config, "num_hidden_groups", None)
+    if groups is None or n_entries % groups:
+        raise ValueError(f"config has {n_entries} per-layer sizes for {n_layers} encoder layers")
+    inner = n_entries // groups  # ALBERT: pass i runs every layer of group int(i / (n_layers / groups))
+    group_kept = [any(not removed(g * inner + j) for j in range(inner)) for g in range(groups)]
+    return [i for i in range(n_layers) if group_kept[int(i / (n_layers / groups))]]
+
+
+def check_teacher_shapes(teacher: torch.nn.Module, student: torch.nn.Module, cfg, spec: str) -> None:
+    """Hidden-state distillation pairs the teacher's activations with the student's: --kd-hidden
+    needs the same hidden size, --kd-layers also the same number of layers (structured pruning
+    keeps both, so ``self`` always fits). Refused (ModelError) before any training."""
+    tc, sc = teacher.config, student.config
+    need_layers = getattr(cfg, "kd_layers", 0.0) > 0
+    if not (need_layers or getattr(cfg, "kd_hidden", 0.0) > 0):
+        return
+    flag = "--kd-layers" if need_layers else "--kd-hidden"
+    t_shape, s_shape = (tc.num_hidden_layers, tc.hidden_size), (sc.num_hidden_layers, sc.hidden_size)
+    if t_shape[1] != s_shape[1] or (need_layers and t_shape[0] != s_shape[0]):
+        raise ModelError(f"teacher '{spec}' has {t_shape[0]} layers of hidden size {t_shape[1]}, the "
+                         f"student {s_shape[0]} of {s_shape[1]}; {flag} needs the same "
+                         f"{'layers and hidden size' if need_layers else 'hidden size'} (drop {flag}, "
+                         "or distil from the student's dense original)")
+
+
 class TeacherLogitsLoss:
     """``loss_fn(model, batch) -> (loss, extra)`` for ``compress.training.loop.train``.
 
     ``batch`` holds the model's inputs, ``labels`` and ``teacher_logits``. With a ``teacher``
     module (hidden-state distillation) the teacher runs on the batch instead and its logits are
-    used. ``extra`` (task and distill terms) is logged with the loss.
+    used. ``layers``: the encoder layers the layer-wise term matches (None: ``kept_layers`` of the
+    student, read at each step). ``extra`` (task and distill terms) is logged with the loss.
     """
 
     def __init__(self, multilabel: bool, kd_lambda: float, temperature: float,
-                 hidden_weight: float = 0.0, teacher: torch.nn.Module | None = None):
-        if hidden_weight > 0 and teacher is None:
+                 hidden_weight: float = 0.0, teacher: torch.nn.Module | None = None,
+                 layers_weight: float = 0.0, layers: Sequence[int] | None = None):
+        if (hidden_weight > 0 or layers_weight > 0) and teacher is None:
             raise ValueError("hidden-state distillation needs the teacher module")
         self.multilabel, self.kd_lambda, self.temperature = multilabel, kd_lambda, temperature
         self.hidden_weight, self.teacher = hidden_weight, teacher
+        self.layers_weight, self.layers = layers_weight, None if layers is None else list(layers)
         if teacher is not None:
             teacher.eval().requires_grad_(False)
 
     def __call__(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
         inputs = {k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS)}
         labels = batch["labels"]
-        hidden = self.hidden_weight > 0
+        hidden = self.hidden_weight > 0 or self.layers_weight > 0
         out = model(**inputs, output_hidden_states=hidden) if hidden else model(**inputs)
         teacher_logits = batch.get(TEACHER_LOGITS)
         t_hidden = None
@@ -145,16 +208,21 @@ class TeacherLogitsLoss:
             self.teacher.to(out.logits.device)
             with torch.no_grad():
                 t_out = self.teacher(**inputs, output_hidden_states=hidden)
-            teacher_logits, t_hidden = t_out.logits, (t_out.hidden_states[-1] if hidden else None)
+            teacher_logits, t_hidden = t_out.logits, (t_out.hidden_states if hidden else None)
         parts = distillation_loss(out.logits, teacher_logits, labels,
                                   torch.ones(labels.shape[0], dtype=torch.bool, device=labels.device),
                                   self.multilabel, self.temperature, self.kd_lambda)
         loss = parts["loss"]
         extra = {"task_loss": float(parts["task"].detach()), "kd_loss": float(parts["distill"].detach())}
-        if hidden:
-            mse = F.mse_loss(out.hidden_states[-1], t_hidden)
+        if self.hidden_weight > 0:
+            mse = F.mse_loss(out.hidden_states[-1], t_hidden[-1])
             loss = loss + self.hidden_weight * mse
             extra["hidden_mse"] = float(mse.detach())
+        if self.layers_weight > 0:
+            layers = self.layers if self.layers is not None else kept_layers(model)
+            lw = layerwise_mse(out.hidden_states, t_hidden, inputs.get("attention_mask"), layers)
+            loss = loss + self.layers_weight * lw
+            extra["layer_mse"] = float(lw.detach())
         return loss, extra
 
 
@@ -225,13 +293,14 @@ def answer_agreement(student_preds: dict[str, str], teacher_preds: dict[str, str
     return sum(student_preds.get(q) == a for q, a in teacher_preds.items()) / len(teacher_preds)
 
 
-def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None):
+def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None, student=None):
     """The frozen teacher of a classification run with ``--teacher`` (prune or finetune) and its
     folder (None for an in-memory copy).
 
     ``--teacher self`` is ``dense`` when given (prune after-finetune: the model the dense phase
     made), else ``--model`` itself, which must then be fine-tuned on the task. Refused in one line
-    when its labels or its tokenizer differ from the student's."""
+    when its labels or its tokenizer differ from the student's, or, given the ``student`` and
+    --kd-hidden / --kd-layers, when its layers do not pair up with the student's."""
     from compress.models.loading import load_classifier, resolve_model
 
     if cfg.teacher == TEACHER_SELF and dense is not None:
@@ -240,6 +309,8 @@ def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None):
     spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
     teacher, teacher_tok, meta = load_classifier(spec, labels, multilabel=multilabel, strict_labels=True)
     check_teacher_fits(teacher_tok, tokenizer, meta["label_names"], labels, spec)
+    if student is not None:
+        check_teacher_shapes(teacher, student, cfg, spec)
     return teacher.eval().requires_grad_(False), resolve_model(spec)
 
 
@@ -249,8 +320,9 @@ def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds,
     without a teacher (``teacher`` None) just ``{"feats": feats}``, plain training.
 
     The teacher's logits over the training set are computed once (cached in the run folder under
-    a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden the
-    teacher runs each step instead, for its hidden states."""
+    a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden or
+    --kd-layers the teacher runs each step instead, for its hidden states (the layer-wise term
+    matches the student's ``kept_layers``, read when each step runs: after a structured prune)."""
     from compress.distill.teacher import (
         CACHE_DIR,
         cached_logits,
@@ -263,9 +335,10 @@ def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds,
     if teacher is None:
         return {"feats": feats}
     lam = cfg.lambda_for(multilabel)
-    if cfg.kd_hidden > 0:
+    if cfg.kd_hidden > 0 or cfg.kd_layers > 0:
         return {"feats": feats, "collate": make_collate(tokenizer),
-                "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature, cfg.kd_hidden, teacher)}
+                "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature, cfg.kd_hidden, teacher,
+                                             layers_weight=cfg.kd_layers)}
     if torch.cuda.is_available():
         teacher.to("cuda")
 
@@ -300,5 +373,5 @@ def teacher_summary(cfg, teacher, model, tokenizer, spec, eval_ds, multilabel: b
     metrics = compute_metrics(spec.family, t_logits, np.array([f["labels"] for f in feats]))
     metrics["score"] = metrics[spec.metric]
     return {"teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(multilabel), "temperature": cfg.temperature,
-            "kd_hidden": cfg.kd_hidden, "teacher_eval": metrics,
+            "kd_hidden": cfg.kd_hidden, "kd_layers": cfg.kd_layers, "teacher_eval": metrics,
             "agreement_with_teacher": agreement(s_logits, t_logits, multilabel)}

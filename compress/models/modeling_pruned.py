@@ -58,13 +58,18 @@ class PrunedLayout:
     head_attrs: dict
     heads_config: str = "num_attention_heads"
     glu: bool = False
+    # module paths inside a layer whose forward is replaced when its block keeps no unit (an empty
+    # attention block / FFN block); None = this architecture cannot remove a whole block
+    empty_attention: str | None = None
+    empty_ffn: tuple[str, str] | None = None
 
 
 _BERT = PrunedLayout(
     r"encoder\.layer\.(\d+)",
     {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
      "attn_out": "attention.output.dense", "ffn_in": "intermediate.dense", "ffn_out": "output.dense"},
-    "attention.self", {"num_attention_heads": "heads", "all_head_size": "width"})
+    "attention.self", {"num_attention_heads": "heads", "all_head_size": "width"},
+    empty_attention="attention", empty_ffn=("intermediate", "output"))
 MODULE_PATHS = {
     "bert": _BERT, "roberta": _BERT, "xlm-roberta": _BERT, "camembert": _BERT, "electra": _BERT,
     "distilbert": PrunedLayout(
@@ -133,6 +138,61 @@ def set_head_attrs(attention: nn.Module, layout: PrunedLayout, heads: int, head_
         setattr(attention, attr, heads if kind == "heads" else heads * head_dim)
 
 
+# An empty block computes what its layer computed with every head / neuron of the block removed:
+# the output projection of nothing is its bias, so the block's output is LayerNorm(residual + bias)
+# (BERT's post-LN layout). The modules stay in place (their zero-size projections too, so the
+# saved weights keep their names); only their forward changes.
+def _empty_attention_forward(self, hidden_states, *args, **kwargs):
+    out = self.output
+    bias = out.dense.bias if out.dense.bias is not None else hidden_states.new_zeros(hidden_states.shape[-1])
+    return out.LayerNorm(out.dropout(bias.expand_as(hidden_states)) + hidden_states), None
+
+
+def _empty_intermediate_forward(self, hidden_states):
+    return hidden_states  # read by nothing: the empty output block ignores it
+
+
+def _empty_output_forward(self, hidden_states, input_tensor):
+    bias = self.dense.bias if self.dense.bias is not None else input_tensor.new_zeros(input_tensor.shape[-1])
+    return self.LayerNorm(self.dropout(bias.expand_as(input_tensor)) + input_tensor)
+
+
+_EMPTY_VARIANTS: dict[tuple[type, str], type] = {}
+
+
+def _make_empty(module: nn.Module, forward) -> None:
+    """Give ``module`` a subclass of its class whose ``forward`` is ``forward`` (once per class)."""
+    cls = type(module)
+    if getattr(cls, "empty_block", False):
+        return
+    key = (cls, forward.__name__)
+    if key not in _EMPTY_VARIANTS:
+        name = f"Empty{cls.__name__}"
+        _EMPTY_VARIANTS[key] = type(name, (cls,), {"forward": forward, "empty_block": True,
+                                                   "__module__": __name__, "__qualname__": name})
+    module.__class__ = _EMPTY_VARIANTS[key]
+
+
+def can_empty_blocks(model_type: str) -> bool:
+    """Whether this architecture can remove a whole attention or FFN block (every unit of it)."""
+    layout = MODULE_PATHS.get(base_model_type(model_type))
+    return layout is not None and layout.empty_attention is not None
+
+
+def empty_blocks(layer: nn.Module, layout: PrunedLayout, heads: int, neurons: int) -> None:
+    """Make the attention block of ``layer`` empty when it keeps no head, its FFN block when it keeps
+    no neuron (ValueError where the architecture cannot)."""
+    if (heads == 0 or neurons == 0) and layout.empty_attention is None:
+        raise ValueError("this architecture cannot remove a whole attention or FFN block; keep at least "
+                         "one head and one FFN neuron per layer")
+    if heads == 0:
+        _make_empty(layer.get_submodule(layout.empty_attention), _empty_attention_forward)
+    if neurons == 0:
+        inter, output = layout.empty_ffn
+        _make_empty(layer.get_submodule(inter), _empty_intermediate_forward)
+        _make_empty(layer.get_submodule(output), _empty_output_forward)
+
+
 def resize_pruned_layers(base_model: nn.Module, config) -> None:
     """Rebuild each layer's role Linears at the sizes in ``config.layer_heads`` /
     ``config.layer_intermediate`` (new, uninitialised weights: ``from_pretrained`` loads them)."""
@@ -161,6 +221,14 @@ def resize_pruned_layers(base_model: nn.Module, config) -> None:
             ffn_in = modules[roles["ffn_in"]]
             _rebuild_linear(layer, roles["ffn_in"], ffn_in.in_features, neurons * (2 if layout.glu else 1))
             _rebuild_linear(layer, roles["ffn_out"], neurons, modules[roles["ffn_out"]].out_features)
+        empty_blocks(layer, layout, *_sizes_of(config, i))
+
+
+def _sizes_of(config, index: int) -> tuple[int, int]:
+    """(heads, FFN width) of layer ``index`` by ``config``; -1 = the layer keeps the uniform size."""
+    heads = -1 if config.layer_heads is None else config.layer_heads[index]
+    neurons = -1 if config.layer_intermediate is None else config.layer_intermediate[index]
+    return heads, neurons
 
 
 def write_remote_code(folder: str | Path, config) -> None:
@@ -248,5 +316,6 @@ def register_auto_classes() -> None:
                 getattr(transformers, auto).register(config_class, cls, exist_ok=True)
 
 
-__all__ = ["MODULE_PATHS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "register_auto_classes",
+__all__ = ["MODULE_PATHS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "can_empty_blocks", "empty_blocks",
+           "register_auto_classes",
            "resize_pruned_layers", "write_remote_code"]

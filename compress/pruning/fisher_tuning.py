@@ -128,6 +128,9 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
             for lay in layers:
                 for role, values, width in (("attn_out", heads, d), ("ffn_out", neurons, 1)):
                     kept = values[lay.index].nonzero().squeeze(1)
+                    if len(kept) == 0:  # the whole block goes: nothing to tune
+                        report["attn_error" if role == "attn_out" else "ffn_error"].append(None)
+                        continue
                     w = lay.linears[role].weight.detach().float()
                     bias = lay.linears[role].bias
                     w_k = w.view(w.shape[0], -1, width)[:, kept]  # [hidden, kept, width]

@@ -54,8 +54,12 @@ from compress.models.architectures import (
     head_slices,
 )
 from compress.models.modeling_pruned import (
+    MODULE_PATHS,
     PRUNED_CLASS_OF,
     PRUNED_CLASSES,
+    base_model_type,
+    can_empty_blocks,
+    empty_blocks,
     register_auto_classes,
     set_head_attrs,
 )
@@ -77,7 +81,7 @@ def _head_index(layer: EncoderLayer, role: str, heads: list[int], head_dim: int)
     """dim -> sorted row/column indices that ``heads`` own in ``role`` (sorted keeps q|k|v order)."""
     w = layer.linears[role].weight
     spans = head_slices(role, tuple(w.shape), head_dim)
-    out: dict[int, list[int]] = {}
+    out: dict[int, list[int]] = {dim: [] for dim, _, _ in spans[0]}  # no head kept: empty indices
     for h in heads:
         for dim, start, stop in spans[h]:
             out.setdefault(dim, []).extend(range(start, stop))
@@ -233,15 +237,21 @@ def _structured_layout(model: nn.Module) -> EncoderLayout:
     return layout
 
 
-def _check_keep(keep: list[list[int]], sizes: list[int], unit: str) -> list[list[int]]:
-    """Sorted, in-range, non-empty keep lists, one per layer; UsageError naming the first bad one."""
+def _check_keep(keep: list[list[int]], sizes: list[int], unit: str, allow_empty: bool = False
+                ) -> list[list[int]]:
+    """Sorted, in-range keep lists, one per layer, non-empty unless ``allow_empty`` (the architecture
+    can remove a whole block); UsageError naming the first bad one."""
     if len(keep) != len(sizes):
         raise UsageError(f"keep lists for {unit} name {len(keep)} layers; the model has {len(sizes)}")
     out = []
     for i, (k, n) in enumerate(zip(keep, sizes)):
         k = sorted({int(j) for j in k})
+        if not k and allow_empty:
+            out.append(k)
+            continue
         if not k:
-            raise UsageError(f"layer {i} would keep no {unit}; keep at least one per layer")
+            raise UsageError(f"layer {i} would keep no {unit}; this architecture cannot remove a whole "
+                             "block: keep at least one per layer")
         if k[0] < 0 or k[-1] >= n:
             raise UsageError(f"layer {i} keeps {unit} index {k[0] if k[0] < 0 else k[-1]}, "
                              f"outside 0..{n - 1}")
@@ -263,8 +273,10 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
     layers = encoder_layers(model, layout)
     _, head_dim = head_layout(model)
     before = layer_sizes(model)
-    keep_heads = _check_keep(keep_heads, before["heads"], "heads")
-    keep_neurons = _check_keep(keep_neurons, before["ffn"], "FFN neurons")
+    model_type = base_model_type(model.config.model_type)
+    blocks = can_empty_blocks(model_type)
+    keep_heads = _check_keep(keep_heads, before["heads"], "heads", blocks)
+    keep_neurons = _check_keep(keep_neurons, before["ffn"], "FFN neurons", blocks)
     params_before = sum(p.numel() for p in model.parameters())
 
     for layer, heads, neurons in zip(layers, keep_heads, keep_neurons):
@@ -279,6 +291,8 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
             _keep(layer.linears["ffn_in"], 0, _neuron_index(layer, layout, neurons))
             _keep(layer.linears["ffn_out"], 1, torch.tensor(neurons, dtype=torch.long,
                                                             device=layer.linears["ffn_out"].weight.device))
+        if not heads or not neurons:
+            empty_blocks(layer.module, MODULE_PATHS[model_type], len(heads), len(neurons))
 
     after = layer_sizes(model)
     config = model.config
@@ -293,6 +307,9 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
     heads_b, heads_a = sum(before["heads"]), sum(after["heads"])
     ffn_b, ffn_a = sum(before["ffn"]), sum(after["ffn"])
     report = {"layer_heads_before": before["heads"], "layer_heads": after["heads"],
+              "attention_blocks_removed": sum(1 for n in after["heads"] if n == 0),
+              "ffn_blocks_removed": sum(1 for n in after["ffn"] if n == 0),
+              "layers_removed": sum(1 for h, f in zip(after["heads"], after["ffn"]) if h == 0 and f == 0),
               "kept_heads": keep_heads,
               "layer_ffn_before": before["ffn"], "layer_ffn": after["ffn"],
               "heads_removed": heads_b - heads_a, "heads_removed_fraction": (heads_b - heads_a) / heads_b,

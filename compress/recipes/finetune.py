@@ -54,8 +54,8 @@ class TaskDataConfig:
 @dataclass(frozen=True)
 class FinetuneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     # QAOptions: --doc-stride, --n-best, --split-by-article, --objective, ... (squad/reqa only).
-    # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden (e.g. a pruned model
-    # recovering from its dense original).
+    # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden, --kd-layers (e.g. a
+    # pruned model recovering from its dense original).
     resume: bool = option(False, help="continue an interrupted run in --out from its last "
                                       "checkpoint (same options; save checkpoints with "
                                       "--checkpoint-every N)")
@@ -164,7 +164,7 @@ def finetune_classifier(cfg: FinetuneConfig, command: str = "finetune",
     model, tokenizer, meta = load_classifier(cfg.model, labels, multilabel=multilabel)
     if multilabel and tuple(meta.get("label_names") or ()) != tuple(labels):
         init_bias_to_prior(classifier_output_layer(model), data["train"])
-    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
                             else (None, None))  # refused here, before any folder exists, if unfit
     # A pruned model (model/masks.safetensors) keeps its zeros unless --information-deletion.
     from compress.models.loading import resolve_model

@@ -77,7 +77,8 @@ from compress.training.trackers import start_tracking
 @dataclass(frozen=True)
 class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     # QAOptions: --doc-stride, --split-by-article, --objective, ... (squad/reqa only).
-    # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden (distillation-aware pruning).
+    # TeacherKDOptions: --teacher, --kd-lambda, --temperature, --kd-hidden, --kd-layers (distillation-aware
+    # pruning).
     sparsity: float = option(0.4, help="fraction of the pruned matrices' weights set to zero, in "
                                        "[0, 1)")
     criterion: str = option("magnitude", choices=lambda: tuple(CRITERIA),
@@ -367,7 +368,7 @@ def prune_finetune(cfg: PruneConfig) -> Path:
     set_seed(cfg.seed)  # a fresh task head is initialised here: same seed, same run
     multilabel = data["train"].multilabel
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel)
-    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
                             else (None, None))
     n_steps = total_steps(cfg, len(data["train"]))
     pruner, hooks = None, []
@@ -410,7 +411,7 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
     multilabel = data["train"].multilabel
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel)
     # an external teacher is loaded and checked before the run folder exists; 'self' after phase 1
-    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel)
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model)
                             if cfg.teacher and cfg.teacher != TEACHER_SELF else (None, None))
     n_dense = total_steps(cfg, len(data["train"]))
     n_recover = cfg.recovery_steps or n_dense
@@ -670,7 +671,7 @@ def prune_post_training(cfg: PruneConfig) -> Path:
     multilabel = data["train"].multilabel
     set_seed(cfg.seed)
     model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel, strict_labels=True)
-    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel) if cfg.teacher
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
                             else (None, None))
     targets, initial = post_training_targets(cfg, model)
     with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:

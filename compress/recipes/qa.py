@@ -67,8 +67,9 @@ def load_span_teacher(cfg, tokenizer) -> torch.nn.Module:
     if cfg.objective != "plain":
         raise UsageError(f"--teacher on squad distils the span logits with --objective plain, not "
                          f"'{cfg.objective}'; use --objective plain or drop --teacher")
-    if cfg.kd_hidden:
-        raise UsageError("--kd-hidden applies to classification tasks; on squad drop it")
+    hidden = [f"--{n.replace('_', '-')}" for n in ("kd_hidden", "kd_layers") if getattr(cfg, n, 0.0)]
+    if hidden:
+        raise UsageError(f"{', '.join(hidden)} applies to classification tasks; on squad drop it")
     spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
     teacher, teacher_tok, _ = load_qa_model(spec, require_finetuned=True)
     check_teacher_fits(teacher_tok, tokenizer, (), (), spec)
@@ -173,7 +174,7 @@ def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: d
                                              cfg.n_best, cfg.max_answer_length, cfg.eval_batch_size)
             summary["distillation"] = {
                 "teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(False), "temperature": cfg.temperature,
-                "kd_hidden": 0.0, "teacher_eval": t_metrics,
+                "kd_hidden": 0.0, "kd_layers": 0.0, "teacher_eval": t_metrics,
                 "agreement_with_teacher": answer_agreement(preds, t_preds)}
         run.write_summary(summary)
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)

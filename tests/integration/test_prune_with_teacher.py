@@ -76,6 +76,23 @@ def test_teacher_self_after_finetune_is_the_unchanged_dense_model(tiny_bert, tmp
     assert any("hidden_mse" in r for r in records if r.get("phase") == "recovery")
 
 
+def test_post_training_recovery_with_layer_wise_distillation(teacher, tmp_path):
+    """--kd-layers after a structured one-shot prune: each recovery step's loss is task + lambda * KD
+    + W * the layer-wise MSE, and the summary records W beside --kd-hidden."""
+    out = tmp_path / "layers"
+    assert main(["prune", "--stage", "post-training", "--model", str(teacher), "--structured", "heads,ffn",
+                 "--sparsity", "0.5", "--recovery-steps", "3", "--calibration-samples", "16", *FAST,
+                 "--teacher", "self", "--kd-layers", "1.5", "--out", str(out)]) == 0
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("phase") == "recovery" and "loss" in r]
+    assert len(steps) == 3 and all(r["layer_mse"] > 0 and "hidden_mse" not in r for r in steps)
+    for r in steps:
+        want = r["task_loss"] + 4.0 * r["kd_loss"] + 1.5 * r["layer_mse"]
+        assert r["loss"] == pytest.approx(want, rel=1e-5)
+    d = json.loads((out / "summary.json").read_text())["distillation"]
+    assert d["kd_layers"] == 1.5 and d["kd_hidden"] == 0.0
+
+
 def test_structured_pruning_with_a_teacher(tiny_bert, teacher, tmp_path):
     out = tmp_path / "structured"
     assert main(["prune", "--model", str(tiny_bert), "--structured", "heads,ffn", "--sparsity", "0.5",

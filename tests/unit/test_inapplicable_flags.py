@@ -139,6 +139,28 @@ def test_defaults_and_what_applies_are_never_refused(tmp_path):
     assert "--schedule does not apply" in _refusal(["--schedule", "gradual"], structured, tmp_path)
 
 
+@pytest.mark.parametrize("command", [
+    ["prune", "--stage", "post-training", "--recovery-steps", "1"], ["prune", "--stage", "after-finetune"],
+    ["finetune"],
+])
+def test_kd_layers_without_a_teacher_is_refused(tiny_bert, tmp_path, capsys, command):
+    out = tmp_path / "run"
+    _refused([*command, "--model", str(tiny_bert), "--kd-layers", "1", "--out", str(out)], capsys,
+             "--kd-layers applies with --teacher only; add --teacher RUN (or --teacher self) or drop it", out)
+
+
+def test_kd_layers_on_squad_is_refused_before_the_teacher_loads():
+    from types import SimpleNamespace
+
+    from compress.recipes.qa import load_span_teacher
+
+    for kd, needle in (({"kd_layers": 1.0}, "--kd-layers applies"),
+                       ({"kd_hidden": 1.0, "kd_layers": 1.0}, "--kd-hidden, --kd-layers applies")):
+        cfg = SimpleNamespace(objective="plain", teacher="self", model="unused", **kd)
+        with pytest.raises(UsageError, match=f"{needle} to classification tasks; on squad drop it"):
+            load_span_teacher(cfg, None)
+
+
 def test_resume_into_a_folder_with_no_interrupted_run_is_refused(tiny_bert, tmp_path, capsys):
     out = tmp_path / "new"
     _refused(["finetune", "--model", str(tiny_bert), "--max-steps", "1", "--resume", "--out", str(out)],

@@ -14,6 +14,7 @@ from compress.distill.losses import (
     kd_loss_name,
     kl_bernoulli,
     kl_single_label,
+    layerwise_mse,
     logit_mse,
     task_loss,
 )
@@ -128,3 +129,78 @@ def test_logit_mse_hand_computed_and_in_the_total():
     # multi-label: the same squared error of the logits, not of the sigmoids
     out = distillation_loss(s, te, torch.zeros(2, 2), torch.tensor([True, True]), True, 1.0, 1.0, kind="mse")
     assert out["distill"].item() == pytest.approx(3.5)
+
+
+def _layered_hidden_states():
+    """(student, teacher) hidden states of one sequence of 3 tokens, the last one padding, hidden
+    size 2: entry 0 the embeddings, entries 1-3 the outputs of encoder layers 0-2."""
+    pad = [100.0, -100.0]  # differs wildly from the teacher's pad token: must never count
+    student = [
+        [[9.0, 9.0], [9.0, 9.0], pad],  # embeddings: never matched
+        [[1.0, 2.0], [3.0, 4.0], pad],  # layer 0
+        [[1.0, 1.0], [1.0, 1.0], pad],  # layer 1
+        [[10.0, 10.0], [10.0, 10.0], pad],  # layer 2: excluded below
+    ]
+    teacher = [
+        [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+        [[0.0, 2.0], [3.0, 2.0], [0.0, 0.0]],
+        [[2.0, 1.0], [1.0, 4.0], [0.0, 0.0]],
+        [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+    ]
+    return ([torch.tensor([h]) for h in student], [torch.tensor([h]) for h in teacher],
+            torch.tensor([[1, 1, 0]]))
+
+
+def test_layerwise_mse_hand_computed_skips_padding_and_excluded_layers():
+    s, t, mask = _layered_hidden_states()
+    # layer 0: real tokens' squared differences (1, 0) and (0, 4) -> 5 / (2 tokens * 2 dims) = 1.25
+    # layer 1: (1, 0) and (0, 9) -> 10 / 4 = 2.5; layer 2 excluded; mean over layers 0, 1
+    assert float(layerwise_mse(s, t, mask, layers=[0, 1])) == pytest.approx((1.25 + 2.5) / 2)
+    # every layer (layers None): layer 2 adds 4 * 100 / 4 = 100; the embeddings never count
+    assert float(layerwise_mse(s, t, mask)) == pytest.approx((1.25 + 2.5 + 100.0) / 3)
+    # one layer alone, and the pad token counted when there is no mask: (1 + 4 + 100^2 * 2) / 6
+    assert float(layerwise_mse(s, t, mask, layers=[1])) == pytest.approx(2.5)
+    assert float(layerwise_mse(s, t, None, layers=[0])) == pytest.approx((1 + 4 + 2 * 100.0 ** 2) / 6)
+
+
+def test_layerwise_mse_pools_the_tokens_of_the_batch_and_equals_mse_without_padding():
+    torch.manual_seed(0)
+    s = [torch.randn(2, 4, 3) for _ in range(3)]
+    t = [torch.randn(2, 4, 3) for _ in range(3)]
+    ones = torch.ones(2, 4, dtype=torch.long)
+    want = (F.mse_loss(s[1], t[1]) + F.mse_loss(s[2], t[2])) / 2
+    assert float(layerwise_mse(s, t, ones)) == pytest.approx(float(want), rel=1e-6)
+    # lengths 4 and 1: the mean is over the 5 real tokens, not a mean of per-example means
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    sq = (s[1] - t[1]).pow(2)
+    pooled = (sq[0].sum() + sq[1, 0].sum()) / (5 * 3)
+    assert float(layerwise_mse(s, t, mask, layers=[0])) == pytest.approx(float(pooled), rel=1e-6)
+    assert float(layerwise_mse(t, t, mask)) == 0.0
+
+
+def test_layerwise_mse_gradient_reaches_the_student_only_through_kept_real_tokens():
+    s, t, mask = _layered_hidden_states()
+    s = [h.clone().requires_grad_(True) for h in s]
+    layerwise_mse(s, t, mask, layers=[0]).backward()
+    assert s[1].grad[0, :2].abs().sum() > 0
+    assert float(s[1].grad[0, 2].abs().sum()) == 0.0  # the pad token
+    assert s[0].grad is None and s[2].grad is None and s[3].grad is None
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda s, t: (s[:-1], t), "the student has 2 layers' hidden states, the teacher 3"),
+    (lambda s, t: (s, [t[0], t[1][:, :2], t[2], t[3]]), r"layer 0: student hidden states \(1, 3, 2\)"),
+])
+def test_layerwise_mse_refuses_hidden_states_that_do_not_pair_up(change, needle):
+    s, t, mask = _layered_hidden_states()
+    s, t = change(s, t)
+    with pytest.raises(ValueError, match=needle):
+        layerwise_mse(s, t, mask)
+
+
+@pytest.mark.parametrize("layers, needle", [([], "no layer to match"), ([0, 3], r"layers \[3\] are not"),
+                                            ([-1], r"layers \[-1\] are not")])
+def test_layerwise_mse_refuses_layers_outside_the_encoder(layers, needle):
+    s, t, mask = _layered_hidden_states()
+    with pytest.raises(ValueError, match=needle):
+        layerwise_mse(s, t, mask, layers)

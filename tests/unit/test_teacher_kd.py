@@ -4,6 +4,7 @@ teacher stays frozen, bad options are refused."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -97,6 +98,153 @@ def test_hidden_state_term_and_the_teacher_is_never_updated():
         assert torch.equal(p, before[n]), n
 
 
+class _Layered(torch.nn.Module):
+    """A 'model' with fixed logits and per-layer hidden states (entry 0 the embeddings), and a
+    config whose layer_heads / layer_intermediate say which layers a structured prune removed."""
+
+    def __init__(self, logits, hidden, layer_heads=None, layer_intermediate=None):
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.tensor(logits))
+        self.hidden = torch.nn.ParameterList([torch.nn.Parameter(torch.tensor(h)) for h in hidden])
+        self.config = SimpleNamespace(num_hidden_layers=len(hidden) - 1, layer_heads=layer_heads,
+                                      layer_intermediate=layer_intermediate)
+
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
+        return _Out(self.logits, tuple(self.hidden) if output_hidden_states else None)
+
+
+def test_layerwise_term_is_added_with_its_weight_over_the_kept_layers_and_real_tokens():
+    # one sequence of 2 tokens, the second padding; 3 layers, layer 1 removed by structured pruning
+    s_hidden = [[[5.0, 5.0], [5.0, 5.0]], [[1.0, 2.0], [7.0, 7.0]], [[9.0, 9.0], [9.0, 9.0]],
+                [[0.0, 3.0], [7.0, 7.0]]]
+    t_hidden = [[[0.0, 0.0], [0.0, 0.0]], [[0.0, 2.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]],
+                [[2.0, 3.0], [0.0, 0.0]]]
+    student = _Layered([[1.0, 0.0]], [[h] for h in s_hidden], layer_heads=[2, 0, 0],
+                       layer_intermediate=[8, 0, 4])
+    teacher = _Layered([[0.0, 1.0]], [[h] for h in t_hidden])
+    batch = {"input_ids": torch.zeros(1, 2, dtype=torch.long), "attention_mask": torch.tensor([[1, 0]]),
+             "labels": torch.tensor([0])}
+    loss, extra = TeacherLogitsLoss(False, 0.0, 1.0, teacher=teacher, layers_weight=3.0)(student, batch)
+    # layer 0: (1 + 0) / 2; layer 1 maps to nothing; layer 2: (4 + 0) / 2; the pad token never counts
+    layer_mse = (0.5 + 2.0) / 2
+    assert extra["layer_mse"] == pytest.approx(layer_mse)
+    assert "hidden_mse" not in extra
+    ce = -_log_softmax([1.0, 0.0])[0]
+    assert float(loss.detach()) == pytest.approx(ce + 3.0 * layer_mse, rel=1e-6)
+    # layers given by the caller win over the config; with --kd-hidden both terms add up
+    fn = TeacherLogitsLoss(False, 0.0, 1.0, hidden_weight=0.5, teacher=teacher, layers_weight=1.0,
+                           layers=[1])
+    loss, extra = fn(student, batch)
+    hidden_mse = (4 + 0 + 49 + 49) / 4  # the last layer's MSE over every token, padding included
+    assert extra["layer_mse"] == pytest.approx(81.0) and extra["hidden_mse"] == pytest.approx(hidden_mse)
+    assert float(loss.detach()) == pytest.approx(ce + 0.5 * hidden_mse + 81.0, rel=1e-6)
+    with pytest.raises(ValueError, match="needs the teacher module"):
+        TeacherLogitsLoss(False, 1.0, 1.0, layers_weight=1.0)
+
+
+@pytest.mark.parametrize("config, want", [
+    (dict(num_hidden_layers=3), [0, 1, 2]),
+    (dict(num_hidden_layers=3, layer_heads=[2, 0, 0], layer_intermediate=[8, 0, 4]), [0, 2]),
+    (dict(num_hidden_layers=3, layer_heads=[0, 0, 0], layer_intermediate=None), [0, 1, 2]),  # FFNs kept
+    (dict(num_hidden_layers=2, layer_heads=None, layer_intermediate=[0, 0]), [0, 1]),  # attention kept
+    (dict(num_hidden_layers=2, layer_heads=[0, 0], layer_intermediate=[0, 0]), []),
+    # ALBERT: entries per shared layer, hidden states per pass; 4 passes over 2 groups of 1 layer
+    (dict(num_hidden_layers=4, num_hidden_groups=2, layer_heads=[0, 2], layer_intermediate=[0, 5]), [2, 3]),
+    # one group of 2 inner layers, one of them removed: every pass still runs the other
+    (dict(num_hidden_layers=3, num_hidden_groups=1, layer_heads=[0, 1], layer_intermediate=[0, 0]),
+     [0, 1, 2]),
+])
+def test_kept_layers_reads_the_structured_prune_from_the_config(config, want):
+    from compress.distill.teacher_kd import kept_layers
+
+    model = SimpleNamespace(config=SimpleNamespace(**{"layer_heads": None, "layer_intermediate": None,
+                                                      **config}))
+    assert kept_layers(model) == want
+    assert kept_layers(SimpleNamespace(module=model)) == want  # a DDP-wrapped model
+
+
+def test_kept_layers_of_a_real_structured_prune_is_every_layer():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from compress.distill.teacher_kd import kept_layers
+    from compress.pruning.structured import prune_structured
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3,
+                                                     num_attention_heads=4, intermediate_size=32))
+    prune_structured(model, 0.5)
+    assert model.config.layer_heads is not None and kept_layers(model) == [0, 1, 2]
+
+
+def test_a_teacher_whose_layers_do_not_pair_up_is_refused_for_hidden_state_distillation():
+    from transformers import BertConfig
+
+    from compress.core.errors import ModelError
+    from compress.distill.teacher_kd import check_teacher_shapes
+
+    def model(layers, hidden):
+        return SimpleNamespace(config=BertConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                                 num_attention_heads=2))
+
+    def cfg(kd_hidden=0.0, kd_layers=0.0):
+        return SimpleNamespace(kd_hidden=kd_hidden, kd_layers=kd_layers)
+
+    student = model(2, 16)
+    check_teacher_shapes(model(4, 32), student, cfg(), "big")  # logits only: anything that fits labels
+    check_teacher_shapes(model(4, 16), student, cfg(kd_hidden=1.0), "deep")  # the last layer pairs up
+    check_teacher_shapes(model(2, 16), student, cfg(kd_layers=1.0), "same")
+    with pytest.raises(ModelError, match="teacher 'deep' has 4 layers of hidden size 16, the student 2 "
+                                         "of 16; --kd-layers needs the same layers and hidden size"):
+        check_teacher_shapes(model(4, 16), student, cfg(kd_layers=1.0), "deep")
+    with pytest.raises(ModelError, match="--kd-hidden needs the same hidden size"):
+        check_teacher_shapes(model(2, 32), student, cfg(kd_hidden=1.0), "wide")
+
+
+def test_one_recovery_step_with_kd_layers_on_a_tiny_pruned_bert(tiny_bert):
+    """A structured-pruned tiny BERT, its dense original as teacher: one training step of the loss
+    teacher_training builds with --kd-layers gives a finite loss that the layer-wise term changes,
+    and a different update, against the same step with the teacher's logits only."""
+    import copy
+
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from compress.distill.teacher_kd import teacher_training
+    from compress.pruning.structured import prune_structured
+    from compress.recipes.prune import PruneConfig
+    from compress.training.loop import TrainConfig, make_collate, train
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    torch.manual_seed(0)
+    dense = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32,
+                                                     num_hidden_layers=2, num_attention_heads=4,
+                                                     intermediate_size=64))
+    texts = ["a fine film", "dull", "one of the worst things i have seen this year", "good"]
+    enc = tokenizer(texts, truncation=True, max_length=16)
+    feats = [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": i % 2}
+             for i in range(len(texts))]  # lengths differ: the batch is padded
+    cfg = PruneConfig(stage="post-training", teacher="self", recovery_steps=1, kd_layers=2.0)
+    train_cfg = TrainConfig(max_steps=1, batch_size=4, lr=1e-3, log_every=1, seed=3)
+    runs = {}
+    for name in ("logits", "layers"):
+        student = copy.deepcopy(dense)
+        prune_structured(student, 0.5)
+        if name == "layers":
+            kd = teacher_training(cfg, copy.deepcopy(dense), None, tokenizer, None, feats, False, None)
+        else:  # what the cached teacher logits give, the teacher run per step instead
+            kd = {"feats": feats, "collate": make_collate(tokenizer),
+                  "loss_fn": TeacherLogitsLoss(False, cfg.lambda_for(False), cfg.temperature,
+                                               teacher=copy.deepcopy(dense))}
+        logged = []
+        out = train(student, tokenizer, kd.pop("feats"), train_cfg, [], log=logged.append, **kd)
+        runs[name] = (out["final_loss"], logged[-1], student.state_dict())
+    (plain, plain_log, plain_w), (layered, layered_log, layered_w) = runs["logits"], runs["layers"]
+    assert math.isfinite(plain) and math.isfinite(layered)
+    assert "layer_mse" not in plain_log and layered_log["layer_mse"] > 0
+    assert layered == pytest.approx(plain + 2.0 * layered_log["layer_mse"], rel=1e-5)
+    assert layered != pytest.approx(plain)
+    assert any(not torch.equal(plain_w[k], layered_w[k]) for k in plain_w)  # the term moved the weights
+
+
 def test_teacher_logits_travel_with_examples_through_the_collate():
     feats = [{"input_ids": [1, 2], "labels": 0}, {"input_ids": [3], "labels": 1}]
     rows = attach_teacher_logits(feats, [[0.5, -0.5], [1.0, 2.0]])
@@ -124,6 +272,10 @@ def test_agreement():
     (dict(teacher="x", kd_lambda=-1.0), "--kd-lambda must be in"),
     (dict(teacher="x", temperature=0.0), "--temperature must be in"),
     (dict(kd_hidden=1.0), "--kd-hidden applies with --teacher only"),
+    (dict(kd_layers=1.0), "--kd-layers applies with --teacher only"),
+    (dict(kd_hidden=1.0, kd_layers=2.0), "--kd-hidden, --kd-layers applies with --teacher only"),
+    (dict(teacher="x", kd_layers=-0.5), r"--kd-layers must be in \[0, 10000.0\]"),
+    (dict(teacher="x", kd_layers=float("nan")), "--kd-layers must be in"),
     (dict(teacher="x", temperature=100.5), r"--temperature must be in \(0, 100.0\], got 100.5"),
     (dict(teacher="x", temperature=float("inf")), "--temperature must be in"),
     (dict(teacher="x", kd_lambda=1e4 + 1), r"--kd-lambda must be in \[0, 10000.0\]"),
