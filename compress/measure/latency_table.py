@@ -327,10 +327,9 @@ def arch_shape(config) -> ArchShape:
 
 def supports_empty_blocks(model_type: str) -> bool:
     """Whether the pruned classes of ``model_type`` build a layer with no head or no FFN neuron."""
-    from compress.models import modeling_pruned
+    from compress.models.modeling_pruned import can_empty_blocks
 
-    can = getattr(modeling_pruned, "can_empty_blocks", None)
-    return bool(can is not None and can(model_type))
+    return can_empty_blocks(model_type)
 
 
 def _cpu_name() -> str:

@@ -133,6 +133,8 @@ def built(tmp_path_factory):
 
 def test_table_grows_with_kept_heads_and_width(built):
     table, _ = built
+    assert table.reference == "empty" and table.heads[0] == 0 and table.widths[0] == 0
+    assert table.attention_ms(0) == 0.0 and table.ffn_ms(0) == 0.0
     assert table.heads[-1] == 4 and table.widths[-1] == 64 and 8 in table.widths
     att = [table.attention_ms(h) for h in range(table.heads[0], 5)]
     ffn = [table.ffn_ms(w) for w in range(table.widths[0], 65)]
@@ -140,7 +142,11 @@ def test_table_grows_with_kept_heads_and_width(built):
     assert min(att + ffn) >= 0.0 and table.base_ms > 0.0
     assert table.dense_ms > 0.0
     assert table.dense_predicted_ms == pytest.approx(table.predict_ms([4, 4], [64, 64]))
-    assert {c["name"] for c in table.configs} >= {"base", "base_small", "reference", "dense"}
+    fused = {c["name"]: c["fused_ops"] for c in table.configs}
+    assert set(fused) >= {"base", "base_small", "reference", "dense"}
+    # the reference layer has no block left to fuse; the 4-head one has its Attention fused
+    assert "Attention" not in fused["reference"] and "BiasGelu" not in fused["reference"]
+    assert fused["heads=4"]["Attention"] == 1 and fused["dense"]["Attention"] == 2
     assert table.key["runtime"] == "ort-int8" and table.key["shape"]["hidden"] == 32
 
 
