@@ -36,7 +36,8 @@ non-decreasing (isotonic regression, pool-adjacent-violators) and clipped at 0.
 * onnxruntime fuses the embeddings into ``EmbedLayerNormalization`` only when their LayerNorm
   feeds an attention block: the 0-layer models and ``T1(0, *)`` run them unfused, so ``A(h)`` also
   holds the difference between the fused and the unfused embeddings (about 1 ms at MiniLM's 32 x
-  128 in int8); each measured configuration's fused operators are in ``configs``.
+  128 in int8); each measured configuration's fused operators are in ``configs``. A model whose
+  first layer keeps no head runs its embeddings unfused too, which the table does not see.
 * The full dense model is measured once too (``dense_ms``) beside its prediction
   (``dense_predicted_ms``), so the table says how far its sum is from a real model.
 

@@ -114,6 +114,15 @@ def test_unknown_runtime_and_unsupported_family_are_usage_errors(tmp_path):
         latency_table(tiny_config(), runtime="torch", cache_dir=tmp_path, width_points=(8, 128))
 
 
+def test_the_cuda_runtime_is_refused_where_its_provider_cannot_run():
+    from compress.export.ort import usable_providers
+
+    if "CUDAExecutionProvider" in usable_providers():
+        pytest.skip("onnxruntime's CUDA provider runs here")
+    with pytest.raises(UsageError, match="runtime 'ort-cuda-fp16'"):
+        lt.check_runtime("ort-cuda-fp16")
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path))
     assert lt.default_cache_dir() == tmp_path / "latency"
@@ -150,8 +159,15 @@ def test_table_grows_with_kept_heads_and_width(built):
     assert table.key["runtime"] == "ort-int8" and table.key["shape"]["hidden"] == 32
 
 
-def test_cache_hit_times_nothing_and_rebuild_times_again(built, monkeypatch):
-    table, cache = built
+def test_cache_hit_times_nothing_and_a_rebuild_agrees_with_the_first(tmp_path, monkeypatch):
+    # wider and longer than the other tests' tables: a few milliseconds per call, so that two builds
+    # compare within a loose bound on a shared machine
+    cfg = tiny_config(hidden_size=64, intermediate_size=256)
+    small = {"runtime": "ort-fp32", "batch": 8, "seq_len": 64, "repeats": 10, "head_points": (4,),
+             "width_points": (256,)}
+    table = latency_table(cfg, cache_dir=tmp_path, **small)
+    assert table.heads == (0, 1, 4) and table.widths == (0, 1, 256)  # 1 and the full size always
+    assert table.attention_ms(2) == pytest.approx((table.attention_ms(1) * 2 + table.attention_ms(4)) / 3)
     calls = []
     real = lt.measure_interleaved
 
@@ -160,14 +176,13 @@ def test_cache_hit_times_nothing_and_rebuild_times_again(built, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lt, "measure_interleaved", counting)
-    again = latency_table(tiny_config(), cache_dir=cache, **SMALL)
+    again = latency_table(cfg, cache_dir=tmp_path, **small)
     assert again == table and calls == []
-    assert len(list(cache.glob("*.json"))) == 1
-    other = latency_table(tiny_config(), cache_dir=cache, rebuild=True, **SMALL)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    other = latency_table(cfg, cache_dir=tmp_path, rebuild=True, **small)
     assert len(calls) == 2  # the grid models, then the dense one
-    # the same small table measured twice agrees within a loose noise bound
+    assert other.key == table.key and other != table
     assert other.dense_predicted_ms == pytest.approx(table.dense_predicted_ms, rel=0.5)
-    assert other.key == table.key
 
 
 def test_the_cache_key_names_machine_runtime_shape_and_input_size():
@@ -200,3 +215,4 @@ def test_the_dense_prediction_is_stored_beside_the_measurement(built):
     fields = {f.name for f in dataclasses.fields(table)}
     assert {"dense_ms", "dense_predicted_ms", "build_seconds", "phase_seconds"} <= fields
     assert table.build_seconds > 0 and set(table.phase_seconds) >= {"export_s", "timing_s"}
+
