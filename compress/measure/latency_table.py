@@ -36,7 +36,8 @@ non-decreasing (isotonic regression, pool-adjacent-violators) and clipped at 0.
 * onnxruntime fuses the embeddings into ``EmbedLayerNormalization`` only when their LayerNorm
   feeds an attention block: the 0-layer models and ``T1(0, *)`` run them unfused, so ``A(h)`` also
   holds the difference between the fused and the unfused embeddings (about 1 ms at MiniLM's 32 x
-  128 in int8); each measured configuration's fused operators are in ``configs``.
+  128 in int8); each measured configuration's fused operators are in ``configs``. A model whose
+  first layer keeps no head runs its embeddings unfused too, which the table does not see.
 * The full dense model is measured once too (``dense_ms``) beside its prediction
   (``dense_predicted_ms``), so the table says how far its sum is from a real model.
 
@@ -45,6 +46,11 @@ Runtimes (``RUNTIMES``): ``ort-int8`` (what ``compress export --optimize --quant
 and ``ort-cuda-fp16`` (optimized, float16, onnxruntime's CUDA provider; only where it is usable).
 Timings are medians of ``measure_interleaved`` rounds with the intra-op thread count ``compress
 bench`` uses (``threads``, unset: torch's), on batch x seq_len random ids with a full attention mask.
+Every grid model is built and loaded first, then all are timed in turn in each round, so the
+machine's drift is spread over all of them. The dense model's prediction sums ``T1(H, *)`` and
+``T1(*, full)`` minus the 1-layer reference and the 0-layer model once per layer, so the noise of
+those two is multiplied by the layer count: they get ``REFERENCE_TURNS`` turns per round, spread
+through the order, and their medians are averaged.
 
 Tables are cached as one JSON file per key (machine, runtime, batch, seq_len, threads, grids and
 the architecture's shape, ``cache_key``) in ``cache_dir`` (unset: ``$COMPRESS_CACHE_DIR/latency``,
@@ -322,10 +328,9 @@ def arch_shape(config) -> ArchShape:
 
 def supports_empty_blocks(model_type: str) -> bool:
     """Whether the pruned classes of ``model_type`` build a layer with no head or no FFN neuron."""
-    from compress.models import modeling_pruned
+    from compress.models.modeling_pruned import can_empty_blocks
 
-    can = getattr(modeling_pruned, "can_empty_blocks", None)
-    return bool(can is not None and can(model_type))
+    return can_empty_blocks(model_type)
 
 
 def _cpu_name() -> str:
@@ -385,7 +390,8 @@ def _read_cached(path: Path, key: dict[str, Any]) -> LatencyTable | None:
 # model type, the sizes are given anew, and a 2-label head replaces any saved label set
 _DROPPED_KEYS = ("model_type", "architectures", "auto_map", "_name_or_path", "transformers_version",
                  "layer_heads", "layer_intermediate", "id2label", "label2id", "layer_types")
-ROUNDS = 3  # round-robin rounds the timed calls of each model are spread over (at most)
+ROUNDS = 5  # round-robin rounds the timed calls of each model are spread over (at most)
+REFERENCE_TURNS = 3  # turns per round of the models subtracted from every layer
 
 
 def pruned_config(config, layer_heads: Sequence[int], layer_ffn: Sequence[int], vocab: int,
@@ -481,25 +487,45 @@ def torch_threads(threads: int):
 Layout = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
+def spread_copies(names: Sequence[str], copies: dict[str, int]) -> list[tuple[str, str]]:
+    """(turn name, layout name) in timing order: every name once, plus ``copies[name] - 1`` more
+    turns of it (``name#2``, ...) at even intervals through the order (wrapping round), so a model
+    every other one is compared with is timed at several moments of each round."""
+    n = len(names)
+    keyed = [(float(i), (name, name)) for i, name in enumerate(names)]
+    for name, k in copies.items():
+        i = names.index(name)
+        keyed += [((i + j * n / k) % n + 0.5, (f"{name}#{j + 1}", name)) for j in range(1, k)]
+    return [turn for _, turn in sorted(keyed, key=lambda t: t[0])]
+
+
 def time_layouts(config, layouts: dict[str, Layout], runtime: Runtime, batch: int, seq_len: int,
-                 threads: int, repeats: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+                 threads: int, repeats: int, copies: dict[str, int] | None = None
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Build every layout as a random-weight pruned classifier in ``runtime`` (in a temporary
     folder), then time them all in round-robin rounds (``measure_interleaved``): ``repeats`` timed
-    calls each. Returns (stats by name, with ``fused_ops``; {"export_s", "timing_s"})."""
+    calls per turn of each. ``copies[name]`` gives a layout that many turns per round; its
+    ``median_ms`` is then the mean of the turns' medians (each in ``turn_medians_ms``). Returns
+    (stats by name, with ``fused_ops``; {"export_s", "timing_s"})."""
     attn = "eager" if runtime.precision is not None else "sdpa"
     t0 = time.perf_counter()
-    fns, fused = {}, {}
+    calls, fused = {}, {}
     with tempfile.TemporaryDirectory(prefix="compress-latency-") as tmp, torch_threads(threads):
         for i, (name, (heads, ffn, vocab)) in enumerate(layouts.items()):
             model = pruned_classifier(pruned_config(config, heads, ffn, vocab, attn))
             feeds = timing_inputs(model, batch, seq_len)
-            fns[name], fused[name] = runtime_callable(model, runtime, feeds, Path(tmp), f"m{i}", threads)
+            calls[name], fused[name] = runtime_callable(model, runtime, feeds, Path(tmp), f"m{i}", threads)
         t1 = time.perf_counter()
+        order = spread_copies(list(layouts), copies or {})
         rounds = min(repeats, ROUNDS)
-        stats = measure_interleaved(fns, warmup=1, iterations=math.ceil(repeats / rounds), rounds=rounds)
-        fns.clear()  # the sessions go before their files
-    for name, s in stats.items():
-        s["fused_ops"] = fused[name]
+        turns = measure_interleaved({turn: calls[name] for turn, name in order}, warmup=1,
+                                    iterations=math.ceil(repeats / rounds), rounds=rounds)
+        calls.clear()  # the sessions go before their files
+    stats: dict[str, dict[str, Any]] = {}
+    for turn, name in order:
+        s = stats.setdefault(name, {**turns[turn], "fused_ops": fused[name], "turn_medians_ms": []})
+        s["turn_medians_ms"].append(turns[turn]["median_ms"])
+        s["median_ms"] = sum(s["turn_medians_ms"]) / len(s["turn_medians_ms"])
     return stats, {"export_s": t1 - t0, "timing_s": time.perf_counter() - t1}
 
 
@@ -548,7 +574,7 @@ def _assemble(key: dict[str, Any], shape: ArchShape, runtime: Runtime, batch: in
 
 
 def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, seq_len: int = 128,
-                  cache_dir: str | Path | None = None, rebuild: bool = False, repeats: int = 12,
+                  cache_dir: str | Path | None = None, rebuild: bool = False, repeats: int = 20,
                   threads: int | None = None, head_points: Sequence[int] | None = None,
                   width_points: Sequence[int] | None = None) -> LatencyTable:
     """The latency table of ``model_or_config``'s architecture (a model, its config or a model
@@ -590,7 +616,10 @@ def build_table(config, shape: ArchShape, runtime: Runtime, batch: int, seq_len:
     """Measure a table (``latency_table`` without the cache): the grid models, then the dense one."""
     start = time.perf_counter()
     layouts = table_layouts(shape, heads, widths, reference)
-    stats, phases = time_layouts(config, layouts, runtime, batch, seq_len, threads, repeats)
+    # the 1-layer reference and the 0-layer model of the timing vocabulary are subtracted from
+    # every layer: three turns per round each (they are the fastest models of the grid)
+    stats, phases = time_layouts(config, layouts, runtime, batch, seq_len, threads, repeats,
+                                 copies={"reference": REFERENCE_TURNS, "base_small": REFERENCE_TURNS})
     dense = {"dense": ((shape.heads,) * shape.layers, (shape.ffn,) * shape.layers, shape.vocab)}
     dense_stats, dense_phases = time_layouts(config, dense, runtime, batch, seq_len, threads,
                                              max(3, repeats // 2))

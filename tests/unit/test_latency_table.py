@@ -59,6 +59,13 @@ def test_isotonic_pools_adjacent_violators():
     assert monotone_from_zero([-2.0, 5.0, 3.0]) == [0.0, 4.0, 4.0]  # -2 pooled with the 0, clipped
 
 
+def test_copies_of_a_turn_are_spread_through_the_order():
+    order = lt.spread_copies(["ref", "a", "b", "c", "d", "e"], {"ref": 3})
+    turns = [t for t, _ in order]
+    assert turns == ["ref", "a", "b", "ref#2", "c", "d", "ref#3", "e"]
+    assert {name for _, name in order} == {"ref", "a", "b", "c", "d", "e"}
+
+
 def test_interpolation_between_grid_points_is_linear():
     assert interpolate(36, (0, 8, 64), (0.0, 2.0, 9.0)) == pytest.approx(2.0 + 7.0 * 28 / 56)
     table = hand_table()
@@ -107,6 +114,15 @@ def test_unknown_runtime_and_unsupported_family_are_usage_errors(tmp_path):
         latency_table(tiny_config(), runtime="torch", cache_dir=tmp_path, width_points=(8, 128))
 
 
+def test_the_cuda_runtime_is_refused_where_its_provider_cannot_run():
+    from compress.export.ort import usable_providers
+
+    if "CUDAExecutionProvider" in usable_providers():
+        pytest.skip("onnxruntime's CUDA provider runs here")
+    with pytest.raises(UsageError, match="runtime 'ort-cuda-fp16'"):
+        lt.check_runtime("ort-cuda-fp16")
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path))
     assert lt.default_cache_dir() == tmp_path / "latency"
@@ -126,6 +142,8 @@ def built(tmp_path_factory):
 
 def test_table_grows_with_kept_heads_and_width(built):
     table, _ = built
+    assert table.reference == "empty" and table.heads[0] == 0 and table.widths[0] == 0
+    assert table.attention_ms(0) == 0.0 and table.ffn_ms(0) == 0.0
     assert table.heads[-1] == 4 and table.widths[-1] == 64 and 8 in table.widths
     att = [table.attention_ms(h) for h in range(table.heads[0], 5)]
     ffn = [table.ffn_ms(w) for w in range(table.widths[0], 65)]
@@ -133,12 +151,23 @@ def test_table_grows_with_kept_heads_and_width(built):
     assert min(att + ffn) >= 0.0 and table.base_ms > 0.0
     assert table.dense_ms > 0.0
     assert table.dense_predicted_ms == pytest.approx(table.predict_ms([4, 4], [64, 64]))
-    assert {c["name"] for c in table.configs} >= {"base", "base_small", "reference", "dense"}
+    fused = {c["name"]: c["fused_ops"] for c in table.configs}
+    assert set(fused) >= {"base", "base_small", "reference", "dense"}
+    # the reference layer has no block left to fuse; the 4-head one has its Attention fused
+    assert "Attention" not in fused["reference"] and "BiasGelu" not in fused["reference"]
+    assert fused["heads=4"]["Attention"] == 1 and fused["dense"]["Attention"] == 2
     assert table.key["runtime"] == "ort-int8" and table.key["shape"]["hidden"] == 32
 
 
-def test_cache_hit_times_nothing_and_rebuild_times_again(built, monkeypatch):
-    table, cache = built
+def test_cache_hit_times_nothing_and_a_rebuild_agrees_with_the_first(tmp_path, monkeypatch):
+    # wider and longer than the other tests' tables: a few milliseconds per call, so that two builds
+    # compare within a loose bound on a shared machine
+    cfg = tiny_config(hidden_size=64, intermediate_size=256)
+    small = {"runtime": "ort-fp32", "batch": 8, "seq_len": 64, "repeats": 10, "head_points": (4,),
+             "width_points": (256,)}
+    table = latency_table(cfg, cache_dir=tmp_path, **small)
+    assert table.heads == (0, 1, 4) and table.widths == (0, 1, 256)  # 1 and the full size always
+    assert table.attention_ms(2) == pytest.approx((table.attention_ms(1) * 2 + table.attention_ms(4)) / 3)
     calls = []
     real = lt.measure_interleaved
 
@@ -147,14 +176,13 @@ def test_cache_hit_times_nothing_and_rebuild_times_again(built, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lt, "measure_interleaved", counting)
-    again = latency_table(tiny_config(), cache_dir=cache, **SMALL)
+    again = latency_table(cfg, cache_dir=tmp_path, **small)
     assert again == table and calls == []
-    assert len(list(cache.glob("*.json"))) == 1
-    other = latency_table(tiny_config(), cache_dir=cache, rebuild=True, **SMALL)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    other = latency_table(cfg, cache_dir=tmp_path, rebuild=True, **small)
     assert len(calls) == 2  # the grid models, then the dense one
-    # the same small table measured twice agrees within a loose noise bound
+    assert other.key == table.key and other != table
     assert other.dense_predicted_ms == pytest.approx(table.dense_predicted_ms, rel=0.5)
-    assert other.key == table.key
 
 
 def test_the_cache_key_names_machine_runtime_shape_and_input_size():
@@ -187,3 +215,4 @@ def test_the_dense_prediction_is_stored_beside_the_measurement(built):
     fields = {f.name for f in dataclasses.fields(table)}
     assert {"dense_ms", "dense_predicted_ms", "build_seconds", "phase_seconds"} <= fields
     assert table.build_seconds > 0 and set(table.phase_seconds) >= {"export_s", "timing_s"}
+
