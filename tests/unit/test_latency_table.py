@@ -216,3 +216,14 @@ def test_the_dense_prediction_is_stored_beside_the_measurement(built):
     assert {"dense_ms", "dense_predicted_ms", "build_seconds", "phase_seconds"} <= fields
     assert table.build_seconds > 0 and set(table.phase_seconds) >= {"export_s", "timing_s"}
 
+
+
+def test_the_unexplained_dense_time_is_a_fixed_cost_that_lowers_predicted_speedups():
+    table = hand_table()
+    dense_heads, dense_ffn = table.dense_layout()
+    raw = table.predict_ms(dense_heads, dense_ffn)
+    assert raw == pytest.approx(10.0 + 2 * (1.5 + 3.0 + 9.0))  # base + 2 x (fixed + A(4) + F(64))
+    charged = dataclasses.replace(table, residual_ms=5.0)
+    assert charged.predict_ms(dense_heads, dense_ffn) == pytest.approx(raw + 5.0)
+    assert charged.predict_ms([1, 0], [8, 0]) == pytest.approx(10.0 + 5.0 + 2 * 1.5 + 1.0 + 2.0)
+    assert charged.predicted_speedup([1, 0], [8, 0]) < table.predicted_speedup([1, 0], [8, 0])
