@@ -44,7 +44,7 @@ EOF
 
 if [[ " $ONLY " == *" table "* ]]; then
   timed latency_table "$PY" benchmarks/latency_table.py --model "$TEACHER" --runtime ort-int8 --batch 32 \
-      --seq-len 128 --rebuild --cache-dir "$COMPRESS_CACHE_DIR" --out "$OUT/latency_table.json"
+      --seq-len 128 --rebuild --cache-dir "$COMPRESS_CACHE_DIR/latency" --out "$OUT/latency_table.json"
 fi
 if [[ " $ONLY " == *" oneshot "* && ! -d "$OUT/oneshot" ]]; then
   timed oneshot_family "$PY" -m compress prune "${COMMON[@]}" --speedup "$TARGETS" --out "$OUT/oneshot"
