@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compress.core.runs import artifacts_root, environment, write_json  # noqa: E402
-from compress.recipes.prune import PruneConfig, run_prune  # noqa: E402
+from compress.recipes.prune import PruneConfig  # noqa: E402
+from compress.recipes.prune_run import run_prune  # noqa: E402
 from compress.report.analysis import paired_comparison  # noqa: E402
 
 CELLS = {  # name -> PruneConfig options

@@ -5,7 +5,8 @@ from compress.cli.common import add_config_args, config_from_args, explicit_opti
 from compress.core.errors import UsageError
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig
-from compress.recipes.prune import PruneConfig, run_prune
+from compress.recipes.prune import PruneConfig
+from compress.recipes.prune_run import run_prune
 
 HELP = ("prune a BERT encoder by magnitude during pre-training, fine-tuning or after it, or once from "
         "calibration data (SparseGPT, Wanda, Fisher-structured)")

@@ -1,31 +1,42 @@
-"""Pieces of ``compress prune --stage post-training`` (``compress.recipes.prune``) kept beside it:
-the flags it refuses before anything loads, the ``--calibration-data`` text read before any model is
-scored, and what its ``summary.json`` says was pruned. ``cfg`` is the stage's ``PruneConfig`` (typed
-``Any`` here: this module is imported by the one defining it)."""
+"""``compress prune --stage post-training``: prune a fine-tuned model once, from calibration data.
+
+Reads top to bottom: check the config (``compress.recipes.prune.PruneConfig``) -> read the
+``--calibration-data`` text and the task data -> load the fine-tuned ``--model`` and refuse
+non-finite weights -> choose the matrices to prune, keeping the zeros of an already pruned model ->
+open the run folder -> score the dense model, prune it once (``prune_once``: the calibrated
+criterion, or whole heads / FFN neurons with --structured), score it again -> optionally train
+``--recovery-steps`` with the masks kept -> save the model, masks and report (the shared pieces
+of ``compress.recipes.prune``). ``prune_post_training`` runs classification tasks,
+``prune_post_training_qa`` squad; ``compress.recipes.speed_family`` runs the first once per
+``--speedup`` target.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
 
+from compress.core.config import to_dict
 from compress.core.errors import UsageError
-from compress.tasks import get_task
+from compress.core.runs import RunDir, write_json
+from compress.distill.teacher_kd import SpanDistillation, load_teacher, teacher_summary, teacher_training
+from compress.models.loading import load_classifier, resolve_model
+from compress.pruning.calibration import calibration_sample
+from compress.pruning.integrity import MASKS_FILE, check_finite_parameters, load_masks
+from compress.pruning.masks import NMPattern
+from compress.pruning.pruner import check_pattern_fits, matching_masks
+from compress.pruning.targets import select_targets
+from compress.recipes.finetune import evaluate_classifier, load_task_data
+from compress.recipes.prune import PruneConfig, pruning_meta, run_name, run_structured, save_pruned
+from compress.training.loop import encode, set_seed, train
+from compress.training.trackers import start_tracking
 
 
-def refuse_post_training_flags(cfg: Any) -> None:
-    """What --stage post-training would ignore or contradict, refused before anything loads."""
-    if cfg.teacher is not None and not cfg.recovery_steps:
-        raise UsageError("--teacher distils during the --recovery-steps training, and without it "
-                         "--stage post-training trains nothing; add --recovery-steps N or drop --teacher")
-    if cfg.checkpoint_every:
-        raise UsageError("--stage post-training does not resume, so its checkpoints would never be read; "
-                         "drop --checkpoint-every")
-    if cfg.calibration_data is not None and get_task(cfg.task).family == "qa":
-        raise UsageError(f"--calibration-data is plain text, and --task {cfg.task} calibrates on its "
-                         "training windows (question + context); drop --calibration-data and set "
-                         "--calibration-samples")
-
-
-def read_calibration_text(cfg: Any) -> list[str] | None:
+def read_calibration_text(cfg: PruneConfig) -> list[str] | None:
     """The lines of ``--calibration-data`` (None without it), read before any model is scored."""
     if cfg.calibration_data is None:
         return None
@@ -34,7 +45,7 @@ def read_calibration_text(cfg: Any) -> list[str] | None:
     return read_corpus((cfg.calibration_data,), "--calibration-data")
 
 
-def post_training_target(cfg: Any, structured: dict | None) -> dict:
+def post_training_target(cfg: PruneConfig, structured: dict | None) -> dict:
     """``sparsity_target`` (and ``pattern``) of an unstructured prune; ``removed`` (heads, FFN
     neurons, and with fisher the encoder FLOPs reduction) of a structured one."""
     if structured is None:
@@ -53,3 +64,224 @@ def post_training_target(cfg: Any, structured: dict | None) -> dict:
                        latency_runtime=structured.get("latency_runtime"),
                        latency_shape=structured.get("latency_shape"))
     return {"removed": removed}
+
+
+def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict], lines: list[str] | None = None
+                        ) -> list[dict]:
+    """The calibration set, batched: ``--calibration-samples`` training examples drawn with
+    ``--seed``, stratified by label (the dev split is never read here), or the ``lines`` of
+    ``--calibration-data``, unlabelled (a loss that needs labels, Fisher's, then takes the model's
+    own prediction; a made-up label would be wrong for every other class)."""
+    from compress.training.loop import make_collate
+
+    if lines is not None:
+        enc = tokenizer(lines, truncation=True, max_length=cfg.max_length)
+        texts = [{k: enc[k][i] for k in enc.keys()} for i in range(len(lines))]
+        chosen = [texts[i] for i in calibration_sample(len(texts), cfg.calibration_samples, cfg.seed)]
+        return [dict(tokenizer.pad(chosen[i:i + cfg.batch_size], return_tensors="pt"))
+                for i in range(0, len(chosen), cfg.batch_size)]
+    labels = [tuple(f["labels"]) if isinstance(f["labels"], list) else f["labels"] for f in feats]
+    chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed, labels)]
+    collate = make_collate(tokenizer)
+    return [collate(chosen[i:i + cfg.batch_size]) for i in range(0, len(chosen), cfg.batch_size)]
+
+
+def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], initial: dict, run: RunDir,
+               fisher=None) -> tuple[dict | None, dict | None, dict | None]:
+    """The post-training prune itself: whole heads / FFN neurons with --structured, else the
+    calibrated criterion on ``targets``; returns (masks, calibration report, structured report) and
+    writes ``calibration.json``."""
+    from compress.pruning.calibration import prune_calibrated
+
+    if cfg.structured:
+        structured = run_structured(model, cfg, batches, fisher)
+        if "latency_table" in structured:
+            write_json(run.path / "latency_table.json", structured.pop("latency_table"))
+        return None, None, structured
+    pattern = NMPattern.parse(cfg.pattern) if cfg.pattern else None
+    masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity, cfg.scope,
+                                          pattern, initial, seed=cfg.seed)
+    write_json(run.path / "calibration.json", calibration)
+    return masks, calibration, None
+
+
+def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
+    """The matrices to prune (none with --structured; the word embeddings only where --include
+    names them), checked against --pattern, and the masks of an already pruned ``--model`` (kept
+    pruned, in every matrix); before any run folder exists."""
+    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude,
+                                                       word_embeddings=False)
+    if cfg.pattern is not None:
+        check_pattern_fits(NMPattern.parse(cfg.pattern), targets, cfg.criterion, cfg.scope, cfg.sparsity)
+    initial, model_dir = {}, Path(resolve_model(cfg.model))
+    if (model_dir / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
+        initial, _ = matching_masks(model, load_masks(model_dir / MASKS_FILE))
+        if cfg.structured and any(not m.all() for m in initial.values()):
+            raise UsageError(f"--structured would not keep the zeros of {model_dir}, which is pruned "
+                             f"({MASKS_FILE}); give --structured its dense original, or drop --structured")
+    return targets, initial
+
+
+def post_training_meta(cfg: PruneConfig, masks: dict | None, structured: dict | None) -> dict:
+    """``compress.json``'s ``pruning``; a Fisher search records its FLOPs target, not the
+    ``--sparsity`` it never reads."""
+    meta = {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
+            "recovery_steps": cfg.recovery_steps or 0,
+            **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}
+    if cfg.flops_reduction is not None:
+        del meta["sparsity"]
+        meta["flops_reduction"] = cfg.flops_reduction
+    return meta
+
+
+@dataclass
+class OneShot:
+    """What the post-training prune gave: the scores before and after it, the encoded training
+    split (for a recovery), the masks or the structured report, and the prune's own seconds."""
+
+    dense: dict
+    pruned: dict
+    feats: list
+    masks: dict | None
+    calibration: dict | None
+    structured: dict | None
+    seconds: float
+
+
+def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run: RunDir,
+                      score: Callable[[], dict], encode_train: Callable[[], list],
+                      calibration_set: Callable[[list], list[dict]], fisher=None) -> OneShot:
+    """Score the dense model, prune it once from calibration batches, score it again; both scores
+    logged. The prune's seconds cover encoding the training split, drawing the calibration set and
+    choosing the masks, not the evaluations."""
+    dense = score()
+    run.log_metrics({"phase": "dense", "eval": dense})
+    t_prune = time.time()
+    feats = encode_train()
+    masks, calibration, structured = prune_once(cfg, model, targets, calibration_set(feats), initial, run,
+                                                fisher)
+    seconds = round(time.time() - t_prune, 1)
+    pruned = score()
+    run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
+    return OneShot(dense, pruned, feats, masks, calibration, structured, seconds)
+
+
+def post_training_summary(cfg: PruneConfig, task: str, metric: str, once: OneShot, metrics: dict,
+                          steps: int, started: float) -> dict:
+    """The summary fields both post-training stages (classification, squad) write: what was pruned
+    (the sparsity target, or the structure removed), how, and the recovery steps (0: none);
+    ``train_seconds`` only when a recovery trained."""
+    return {"command": "prune", "stage": cfg.stage, "task": task, "model": cfg.model,
+            "criterion": cfg.criterion, **post_training_target(cfg, once.structured),
+            "recovery_steps": steps, "prune_seconds": once.seconds,
+            **({"train_seconds": round(time.time() - started, 1)} if steps else {}), "metric": metric,
+            "eval_dense": once.dense, "eval_pruned_before_recovery": once.pruned, "eval": metrics,
+            "structured": once.structured,
+            "calibration": {k: v for k, v in (once.calibration or {}).items() if k != "matrices"} or None}
+
+
+def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
+    """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
+    (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
+    train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self).
+    ``fisher``: the Fisher importance of the same dense model and calibration set, computed once for
+    a family of ``--speedup`` targets."""
+    from compress.pruning.pruner import KeepMasksHook
+
+    lines = read_calibration_text(cfg)
+    spec, data = load_task_data(cfg)
+    labels = data["train"].label_names
+    multilabel = data["train"].multilabel
+    set_seed(cfg.seed)
+    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel, strict_labels=True)
+    check_finite_parameters(model, cfg.model)
+    targets, initial = post_training_targets(cfg, model)
+    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
+                            else (None, None))
+    with RunDir("prune", name=run_name(cfg, spec.name), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+
+        def score() -> dict:
+            return evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
+                                       cfg.eval_batch_size)
+
+        once = score_prune_score(cfg, model, targets, initial, run, score,
+                                 lambda: encode(tokenizer, data["train"], cfg.max_length),
+                                 lambda feats: calibration_batches(cfg, tokenizer, feats, lines), fisher)
+        metrics, steps = once.pruned, 0
+        if cfg.recovery_steps:
+            hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
+            hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
+            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], once.feats, multilabel,
+                                  run)
+            steps = train(model, tokenizer, kd.pop("feats"), replace(cfg, max_steps=cfg.recovery_steps),
+                          hooks, log=lambda r: run.log_metrics({"phase": "recovery", **r}),
+                          checkpoint_dir=run.checkpoint_dir, **kd)["steps"]
+            metrics = score()
+            run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
+        distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
+                   if teacher is not None and cfg.recovery_steps else None)
+        meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
+                "max_length": cfg.max_length, "base_model": cfg.model,
+                "pruning": post_training_meta(cfg, once.masks, once.structured)}
+        save_pruned(run, model, tokenizer, once.masks, meta, {
+            **post_training_summary(cfg, spec.name, spec.metric, once, metrics, steps, t0),
+            "distillation": distill})
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    return run.path
+
+
+def prune_post_training_qa(cfg: PruneConfig) -> Path:
+    """squad: the post-training prune of a model fine-tuned on squad, calibrated on training
+    windows, scored by EM/F1 before and after; ``--recovery-steps`` train on the span loss (with
+    ``--teacher``, plus KD on the start/end logits) with the masks kept."""
+    from compress.pruning.pruner import KeepMasksHook
+    from compress.qa.features import collate_features, prepare_train_features
+    from compress.qa.objectives import make_objective
+    from compress.qa.options import effective_doc_stride
+    from compress.recipes.qa import QA_TASK, evaluate_qa, load_qa_data, load_qa_model, load_span_teacher
+
+    doc_stride = effective_doc_stride(cfg, cfg.max_length)
+    data = load_qa_data(cfg)
+    set_seed(cfg.seed)
+    model, tokenizer, _ = load_qa_model(cfg.model, require_finetuned=True)
+    check_finite_parameters(model, cfg.model)
+    targets, initial = post_training_targets(cfg, model)
+    teacher = load_span_teacher(cfg, tokenizer) if cfg.teacher else None
+    with RunDir("prune", name=run_name(cfg, QA_TASK), out=cfg.out) as run:
+        run.write_config(to_dict(cfg))
+        run.write_env(cfg.seed)
+        t0 = time.time()
+
+        def score() -> dict:
+            return evaluate_qa(model, tokenizer, data["dev"], cfg.max_length, doc_stride, cfg.n_best,
+                               cfg.max_answer_length, cfg.eval_batch_size)[0]
+
+        def calibration_set(feats: list) -> list[dict]:
+            chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
+            return [collate_features(tokenizer, chosen[i:i + cfg.batch_size])
+                    for i in range(0, len(chosen), cfg.batch_size)]
+
+        once = score_prune_score(cfg, model, targets, initial, run, score, lambda: prepare_train_features(
+            tokenizer, data["train"].examples, cfg.max_length, doc_stride), calibration_set)
+        metrics, steps = once.pruned, 0
+        if cfg.recovery_steps:
+            objective = (SpanDistillation(teacher, cfg.lambda_for(False), cfg.temperature) if teacher
+                         else make_objective("plain", model, cfg))
+            hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
+            steps = train(model, tokenizer, once.feats, replace(cfg, max_steps=cfg.recovery_steps), hooks,
+                          log=lambda r: run.log_metrics({"phase": "recovery", **r}),
+                          checkpoint_dir=run.checkpoint_dir, collate=partial(collate_features, tokenizer),
+                          loss_fn=objective.loss, extra_modules=[objective])["steps"]
+            metrics = score()
+            run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
+        meta = {"task": QA_TASK, "head": "question-answering", "max_length": cfg.max_length,
+                "doc_stride": doc_stride, "n_best": cfg.n_best, "max_answer_length": cfg.max_answer_length,
+                "base_model": cfg.model, "pruning": post_training_meta(cfg, once.masks, once.structured)}
+        save_pruned(run, model, tokenizer, once.masks, meta,
+                    post_training_summary(cfg, QA_TASK, "f1", once, metrics, steps, t0))
+        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    return run.path
+

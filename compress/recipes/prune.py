@@ -1,4 +1,8 @@
-"""``compress prune``: magnitude pruning during pre-training, fine-tuning, or after fine-tuning.
+"""``compress prune``: its config (``PruneConfig``, every flag checked) and the stages that prune
+while training: magnitude pruning during pre-training, fine-tuning, or after fine-tuning, and the
+pieces they share with the post-training stage (``compress.recipes.post_training``): the pruner and
+its hook, structured removal, the pruning record, the saved model with its masks and sparsity.
+``compress.recipes.prune_run.run_prune`` picks the stage's function.
 
 Each stage reads top to bottom: validate everything (config, data, model, targets) -> open the run
 folder -> train with the pruning hook -> finalize masks -> evaluate -> save model, masks, report.
@@ -19,9 +23,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,7 +34,6 @@ from compress.core.errors import DataError, UsageError
 from compress.core.runs import RunDir, write_json
 from compress.distill.teacher_kd import (
     TEACHER_SELF,
-    SpanDistillation,
     TeacherKDOptions,
     load_teacher,
     teacher_summary,
@@ -45,11 +46,9 @@ from compress.models.loading import (
     load_tokenizer,
     resolve_model,
 )
-from compress.pruning.calibration import calibration_sample
 from compress.pruning.criteria import CRITERIA, get_criterion
 from compress.pruning.integrity import (
     MASKS_FILE,
-    check_finite_parameters,
     check_masks,
     check_pattern,
     load_masks,
@@ -69,15 +68,13 @@ from compress.pruning.schedules import DEFAULT_POWER, SCHEDULES, make_schedule
 from compress.pruning.targets import select_targets
 from compress.qa.options import QAOptions
 from compress.recipes.finetune import TaskDataConfig, evaluate_classifier, load_task_data, run_finetune
-from compress.recipes.post_training import (
-    post_training_target,
-    read_calibration_text,
-    refuse_post_training_flags,
-)
 from compress.recipes.saving import save_model
 from compress.tasks import get_task
 from compress.training.loop import TrainConfig, TrainHook, encode, set_seed, train
 from compress.training.trackers import start_tracking
+
+# run_prune (compress.recipes.prune_run) maps each stage to its function
+STAGES = ("pretrain", "finetune", "after-finetune", "post-training")
 
 
 @dataclass(frozen=True)
@@ -269,6 +266,20 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         check_pattern_fits(pattern, {}, self.criterion, self.scope, self.sparsity)
 
 
+def refuse_post_training_flags(cfg: PruneConfig) -> None:
+    """What --stage post-training would ignore or contradict, refused before anything loads."""
+    if cfg.teacher is not None and not cfg.recovery_steps:
+        raise UsageError("--teacher distils during the --recovery-steps training, and without it "
+                         "--stage post-training trains nothing; add --recovery-steps N or drop --teacher")
+    if cfg.checkpoint_every:
+        raise UsageError("--stage post-training does not resume, so its checkpoints would never be read; "
+                         "drop --checkpoint-every")
+    if cfg.calibration_data is not None and get_task(cfg.task).family == "qa":
+        raise UsageError(f"--calibration-data is plain text, and --task {cfg.task} calibrates on its "
+                         "training windows (question + context); drop --calibration-data and set "
+                         "--calibration-samples")
+
+
 # ---------------------------------------------------------------------------------------------
 # shared pieces
 
@@ -423,7 +434,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _name(cfg: PruneConfig, what: str) -> str:
+def run_name(cfg: PruneConfig, what: str) -> str:
     amount = cfg.pattern.replace(":", "of") if cfg.pattern else round(100 * cfg.sparsity)
     return cfg.name or f"{what}-{cfg.stage}-{cfg.criterion}-{amount}"
 
@@ -446,7 +457,7 @@ def prune_finetune(cfg: PruneConfig) -> Path:
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, model, resolve_model(cfg.model), n_steps)
         hooks = [hook]
-    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
+    with RunDir("prune", name=run_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
@@ -490,7 +501,7 @@ def prune_after_finetune(cfg: PruneConfig) -> Path:
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, model, resolve_model(cfg.model), n_recover)
         hooks = [hook]
-    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
+    with RunDir("prune", name=run_name(cfg, spec.name), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
@@ -591,7 +602,7 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
     if not cfg.structured:
         pruner, hook = make_pruner(cfg, objective.mlm, model_dir, n_steps)
         hooks = [hook]
-    with RunDir("prune", name=_name(cfg, "mlm"), out=cfg.out, resume=cfg.resume) as run:
+    with RunDir("prune", name=run_name(cfg, "mlm"), out=cfg.out, resume=cfg.resume) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
@@ -639,244 +650,6 @@ def prune_pretrain(cfg: PruneConfig) -> Path:
         save_head(objective.mlm, run.path / "model")
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
-
-
-def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict], lines: list[str] | None = None
-                        ) -> list[dict]:
-    """The calibration set, batched: ``--calibration-samples`` training examples drawn with
-    ``--seed``, stratified by label (the dev split is never read here), or the ``lines`` of
-    ``--calibration-data``, unlabelled (a loss that needs labels, Fisher's, then takes the model's
-    own prediction; a made-up label would be wrong for every other class)."""
-    from compress.training.loop import make_collate
-
-    if lines is not None:
-        enc = tokenizer(lines, truncation=True, max_length=cfg.max_length)
-        texts = [{k: enc[k][i] for k in enc.keys()} for i in range(len(lines))]
-        chosen = [texts[i] for i in calibration_sample(len(texts), cfg.calibration_samples, cfg.seed)]
-        return [dict(tokenizer.pad(chosen[i:i + cfg.batch_size], return_tensors="pt"))
-                for i in range(0, len(chosen), cfg.batch_size)]
-    labels = [tuple(f["labels"]) if isinstance(f["labels"], list) else f["labels"] for f in feats]
-    chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed, labels)]
-    collate = make_collate(tokenizer)
-    return [collate(chosen[i:i + cfg.batch_size]) for i in range(0, len(chosen), cfg.batch_size)]
-
-
-def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], initial: dict, run: RunDir,
-               fisher=None) -> tuple[dict | None, dict | None, dict | None]:
-    """The post-training prune itself: whole heads / FFN neurons with --structured, else the
-    calibrated criterion on ``targets``; returns (masks, calibration report, structured report) and
-    writes ``calibration.json``."""
-    from compress.pruning.calibration import prune_calibrated
-
-    if cfg.structured:
-        structured = run_structured(model, cfg, batches, fisher)
-        if "latency_table" in structured:
-            write_json(run.path / "latency_table.json", structured.pop("latency_table"))
-        return None, None, structured
-    pattern = NMPattern.parse(cfg.pattern) if cfg.pattern else None
-    masks, calibration = prune_calibrated(model, targets, batches, cfg.criterion, cfg.sparsity, cfg.scope,
-                                          pattern, initial, seed=cfg.seed)
-    write_json(run.path / "calibration.json", calibration)
-    return masks, calibration, None
-
-
-def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
-    """The matrices to prune (none with --structured; the word embeddings only where --include
-    names them), checked against --pattern, and the masks of an already pruned ``--model`` (kept
-    pruned, in every matrix); before any run folder exists."""
-    targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude,
-                                                       word_embeddings=False)
-    if cfg.pattern is not None:
-        check_pattern_fits(NMPattern.parse(cfg.pattern), targets, cfg.criterion, cfg.scope, cfg.sparsity)
-    initial, model_dir = {}, Path(resolve_model(cfg.model))
-    if (model_dir / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
-        initial, _ = matching_masks(model, load_masks(model_dir / MASKS_FILE))
-        if cfg.structured and any(not m.all() for m in initial.values()):
-            raise UsageError(f"--structured would not keep the zeros of {model_dir}, which is pruned "
-                             f"({MASKS_FILE}); give --structured its dense original, or drop --structured")
-    return targets, initial
-
-
-def post_training_meta(cfg: PruneConfig, masks: dict | None, structured: dict | None) -> dict:
-    """``compress.json``'s ``pruning``; a Fisher search records its FLOPs target, not the
-    ``--sparsity`` it never reads."""
-    meta = {**pruning_meta(cfg, None, structured), "schedule": "oneshot",
-            "recovery_steps": cfg.recovery_steps or 0,
-            **({"masks_file": MASKS_FILE, "targets": sorted(masks)} if masks else {})}
-    if cfg.flops_reduction is not None:
-        del meta["sparsity"]
-        meta["flops_reduction"] = cfg.flops_reduction
-    return meta
-
-
-@dataclass
-class OneShot:
-    """What the post-training prune gave: the scores before and after it, the encoded training
-    split (for a recovery), the masks or the structured report, and the prune's own seconds."""
-
-    dense: dict
-    pruned: dict
-    feats: list
-    masks: dict | None
-    calibration: dict | None
-    structured: dict | None
-    seconds: float
-
-
-def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run: RunDir,
-                      score: Callable[[], dict], encode_train: Callable[[], list],
-                      calibration_set: Callable[[list], list[dict]], fisher=None) -> OneShot:
-    """Score the dense model, prune it once from calibration batches, score it again; both scores
-    logged. The prune's seconds cover encoding the training split, drawing the calibration set and
-    choosing the masks, not the evaluations."""
-    dense = score()
-    run.log_metrics({"phase": "dense", "eval": dense})
-    t_prune = time.time()
-    feats = encode_train()
-    masks, calibration, structured = prune_once(cfg, model, targets, calibration_set(feats), initial, run,
-                                                fisher)
-    seconds = round(time.time() - t_prune, 1)
-    pruned = score()
-    run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
-    return OneShot(dense, pruned, feats, masks, calibration, structured, seconds)
-
-
-def post_training_summary(cfg: PruneConfig, task: str, metric: str, once: OneShot, metrics: dict,
-                          steps: int, started: float) -> dict:
-    """The summary fields both post-training stages (classification, squad) write: what was pruned
-    (the sparsity target, or the structure removed), how, and the recovery steps (0: none);
-    ``train_seconds`` only when a recovery trained."""
-    return {"command": "prune", "stage": cfg.stage, "task": task, "model": cfg.model,
-            "criterion": cfg.criterion, **post_training_target(cfg, once.structured),
-            "recovery_steps": steps, "prune_seconds": once.seconds,
-            **({"train_seconds": round(time.time() - started, 1)} if steps else {}), "metric": metric,
-            "eval_dense": once.dense, "eval_pruned_before_recovery": once.pruned, "eval": metrics,
-            "structured": once.structured,
-            "calibration": {k: v for k, v in (once.calibration or {}).items() if k != "matrices"} or None}
-
-
-def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
-    """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
-    (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
-    train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self).
-    ``fisher``: the Fisher importance of the same dense model and calibration set, computed once for
-    a family of ``--speedup`` targets."""
-    from compress.pruning.pruner import KeepMasksHook
-
-    lines = read_calibration_text(cfg)
-    spec, data = load_task_data(cfg)
-    labels = data["train"].label_names
-    multilabel = data["train"].multilabel
-    set_seed(cfg.seed)
-    model, tokenizer, _ = load_classifier(cfg.model, labels, multilabel=multilabel, strict_labels=True)
-    check_finite_parameters(model, cfg.model)
-    targets, initial = post_training_targets(cfg, model)
-    teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
-                            else (None, None))
-    with RunDir("prune", name=_name(cfg, spec.name), out=cfg.out) as run:
-        run.write_config(to_dict(cfg))
-        run.write_env(cfg.seed)
-        t0 = time.time()
-
-        def score() -> dict:
-            return evaluate_classifier(model, tokenizer, spec, data["eval"], cfg.max_length,
-                                       cfg.eval_batch_size)
-
-        once = score_prune_score(cfg, model, targets, initial, run, score,
-                                 lambda: encode(tokenizer, data["train"], cfg.max_length),
-                                 lambda feats: calibration_batches(cfg, tokenizer, feats, lines), fisher)
-        metrics, steps = once.pruned, 0
-        if cfg.recovery_steps:
-            hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
-            hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
-            kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], once.feats, multilabel,
-                                  run)
-            steps = train(model, tokenizer, kd.pop("feats"), replace(cfg, max_steps=cfg.recovery_steps),
-                          hooks, log=lambda r: run.log_metrics({"phase": "recovery", **r}),
-                          checkpoint_dir=run.checkpoint_dir, **kd)["steps"]
-            metrics = score()
-            run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
-        distill = (teacher_summary(cfg, teacher, model, tokenizer, spec, data["eval"], multilabel)
-                   if teacher is not None and cfg.recovery_steps else None)
-        meta = {"task": spec.name, "label_names": list(labels), "multilabel": multilabel,
-                "max_length": cfg.max_length, "base_model": cfg.model,
-                "pruning": post_training_meta(cfg, once.masks, once.structured)}
-        save_pruned(run, model, tokenizer, once.masks, meta, {
-            **post_training_summary(cfg, spec.name, spec.metric, once, metrics, steps, t0),
-            "distillation": distill})
-        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
-    return run.path
-
-
-def prune_post_training_qa(cfg: PruneConfig) -> Path:
-    """squad: the post-training prune of a model fine-tuned on squad, calibrated on training
-    windows, scored by EM/F1 before and after; ``--recovery-steps`` train on the span loss (with
-    ``--teacher``, plus KD on the start/end logits) with the masks kept."""
-    from compress.pruning.pruner import KeepMasksHook
-    from compress.qa.features import collate_features, prepare_train_features
-    from compress.qa.objectives import make_objective
-    from compress.qa.options import effective_doc_stride
-    from compress.recipes.qa import QA_TASK, evaluate_qa, load_qa_data, load_qa_model, load_span_teacher
-
-    doc_stride = effective_doc_stride(cfg, cfg.max_length)
-    data = load_qa_data(cfg)
-    set_seed(cfg.seed)
-    model, tokenizer, _ = load_qa_model(cfg.model, require_finetuned=True)
-    check_finite_parameters(model, cfg.model)
-    targets, initial = post_training_targets(cfg, model)
-    teacher = load_span_teacher(cfg, tokenizer) if cfg.teacher else None
-    with RunDir("prune", name=_name(cfg, QA_TASK), out=cfg.out) as run:
-        run.write_config(to_dict(cfg))
-        run.write_env(cfg.seed)
-        t0 = time.time()
-
-        def score() -> dict:
-            return evaluate_qa(model, tokenizer, data["dev"], cfg.max_length, doc_stride, cfg.n_best,
-                               cfg.max_answer_length, cfg.eval_batch_size)[0]
-
-        def calibration_set(feats: list) -> list[dict]:
-            chosen = [feats[i] for i in calibration_sample(len(feats), cfg.calibration_samples, cfg.seed)]
-            return [collate_features(tokenizer, chosen[i:i + cfg.batch_size])
-                    for i in range(0, len(chosen), cfg.batch_size)]
-
-        once = score_prune_score(cfg, model, targets, initial, run, score, lambda: prepare_train_features(
-            tokenizer, data["train"].examples, cfg.max_length, doc_stride), calibration_set)
-        metrics, steps = once.pruned, 0
-        if cfg.recovery_steps:
-            objective = (SpanDistillation(teacher, cfg.lambda_for(False), cfg.temperature) if teacher
-                         else make_objective("plain", model, cfg))
-            hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
-            steps = train(model, tokenizer, once.feats, replace(cfg, max_steps=cfg.recovery_steps), hooks,
-                          log=lambda r: run.log_metrics({"phase": "recovery", **r}),
-                          checkpoint_dir=run.checkpoint_dir, collate=partial(collate_features, tokenizer),
-                          loss_fn=objective.loss, extra_modules=[objective])["steps"]
-            metrics = score()
-            run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
-        meta = {"task": QA_TASK, "head": "question-answering", "max_length": cfg.max_length,
-                "doc_stride": doc_stride, "n_best": cfg.n_best, "max_answer_length": cfg.max_answer_length,
-                "base_model": cfg.model, "pruning": post_training_meta(cfg, once.masks, once.structured)}
-        save_pruned(run, model, tokenizer, once.masks, meta,
-                    post_training_summary(cfg, QA_TASK, "f1", once, metrics, steps, t0))
-        shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
-    return run.path
-
-
-STAGES = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune,
-          "post-training": prune_post_training}
-
-
-def run_prune(cfg: PruneConfig) -> Path:
-    """Run the configured stage; returns the finished run folder."""
-    family = get_task(cfg.task).family
-    if len(cfg.speedup) > 1:
-        from compress.recipes.speed_family import run_speed_family
-
-        return run_speed_family(cfg)
-    if cfg.stage == "post-training" and family == "qa":
-        return prune_post_training_qa(cfg)
-    if cfg.stage != "pretrain" and family in OTHER_FAMILIES:
-        return prune_finetune_workflow(cfg, family)
-    return STAGES[cfg.stage](cfg)
 
 
 # Task families whose fine-tuning workflow lives with the task (compress.recipes.finetune.FINETUNE_FAMILIES):

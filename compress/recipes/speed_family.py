@@ -3,7 +3,7 @@ a family of structured models, one per speedup target, from one calibration, com
 
 Reads top to bottom: check -> measure the latency table (cached per machine, runtime and shape) ->
 one Fisher importance on the dense model -> per target, the post-training prune with the
-latency-constrained search (``compress.recipes.prune.prune_post_training``: its own run folder,
+latency-constrained search (``compress.recipes.post_training.prune_post_training``: its own run folder,
 its recovery steps, its dev score) and the export in the shipping runtime with its dev score ->
 the dense export -> one ``compress bench`` run of the dense model in PyTorch eager fp32, the dense
 export and every member, at batch 1 and at the table's shape -> the report (``family.json``,
@@ -25,8 +25,8 @@ from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
 from compress.recipes.finetune import load_task_data
-from compress.recipes.post_training import read_calibration_text
-from compress.recipes.prune import PruneConfig, calibration_batches, parse_shape, prune_post_training
+from compress.recipes.post_training import calibration_batches, prune_post_training, read_calibration_text
+from compress.recipes.prune import PruneConfig, parse_shape
 
 DEFAULT_MAX_DROP = next(f.default for f in fields(PruneConfig) if f.name == "max_drop")
 # latency runtime -> how the family ships it: export options (None: the model folder itself) and
