@@ -109,7 +109,7 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
     seconds["rearrange"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
     tuned = _tuned_masks(model, batches, fisher, keep_heads, keep_neurons, tune)
     seconds["tune"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
-    per_head, per_neuron = unit_flops(model, batches[0]["input_ids"].shape[1] if batches else 128)
+    per_head, per_neuron = unit_flops(model, getattr(table, "seq_len", 128))  # FLOPs at the table's length
     fold_scales(model, tuned["heads"], tuned["neurons"])
     removal = remove_structured(model, keep_heads, keep_neurons)
     seconds["remove"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
