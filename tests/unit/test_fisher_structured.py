@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 from compress.core.errors import UsageError
 from compress.measure.flops import count_flops
 from compress.models.architectures import encoder_layers, head_layout
-from compress.pruning.fisher_search import rearrange_masks, removal_cost, search_masks
+from compress.pruning.fisher_search import MAX_SWAPS, rearrange_masks, removal_cost, search_masks
 from compress.pruning.fisher_structured import (
     fisher_importance,
     fisher_prune_structured,
@@ -188,6 +188,37 @@ def test_rearrangement_uses_the_off_diagonal_fisher_and_never_raises_the_cost():
             return removal_cost(grads, removed)
 
         assert cost(new[0]) <= cost(keep) + 1e-9
+
+
+def _block_cost(grads, keep):
+    removed = torch.ones(grads.shape[1], dtype=torch.bool)
+    removed[keep] = False
+    return removal_cost(grads, removed)
+
+
+def test_rearrangement_runs_to_convergence_below_the_twenty_swap_result():
+    # a 600-unit block whose gradients share a few directions, so that units cancel each other and
+    # the diagonal ranking is far from the best set of its size
+    gen = torch.Generator().manual_seed(3)
+    grads = (torch.randn(96, 8, generator=gen) @ torch.randn(8, 600, generator=gen)
+             + 0.3 * torch.randn(96, 600, generator=gen))
+    keep = sorted(torch.argsort(-grads.pow(2).sum(0))[:240].tolist())
+    twenty, _ = rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)], max_swaps=20)
+    converged, _ = rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)])
+    assert len(converged[0]) == len(twenty[0]) == 240
+    start, after_20, after_all = (_block_cost(grads, k) for k in (keep, twenty[0], converged[0]))
+    assert after_all < 0.9 * after_20 and after_20 < start
+    # converged: no single swap of a kept and a removed unit lowers the cost any further
+    kept = converged[0]
+    gone = [j for j in range(600) if j not in set(kept)]
+    for k in kept[::12]:
+        for j in gone[::12]:
+            assert _block_cost(grads, [u for u in kept if u != k] + [j]) >= after_all * (1 - 1e-9)
+    # within the cap; 0 swaps leaves the search's lists alone
+    assert MAX_SWAPS >= 1000
+    assert rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)], max_swaps=0)[0] == [keep]
+    with pytest.raises(UsageError, match="max_swaps"):
+        rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)], max_swaps=-1)
 
 
 def _layer_outputs(model, batches, heads=None, neurons=None):
