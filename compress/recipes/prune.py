@@ -47,6 +47,8 @@ from compress.models.loading import (
 )
 from compress.pruning.calibration import calibration_sample
 from compress.pruning.criteria import CRITERIA, get_criterion
+from compress.pruning.fisher_search import MAX_SWAPS
+from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.integrity import (
     MASKS_FILE,
     check_masks,
@@ -128,6 +130,14 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     flops_reduction: float | None = option(None, help="--structured with --criterion fisher: fraction "
                                                       "of the encoder's FLOPs at --max-length to "
                                                       "remove, in (0, 1)")
+    max_swaps: int = option(MAX_SWAPS, help="--criterion fisher: most swaps per layer of the mask "
+                                            "rearrangement (it stops sooner when no swap lowers "
+                                            "the Fisher cost); 0 = none")
+    scale_bound: float = option(SCALE_BOUND, help="--criterion fisher: the least-squares scales of "
+                                                  "the kept heads and neurons stay in [-B, B]; inf = "
+                                                  "unbounded")
+    no_mask_tuning: bool = option(False, help="--criterion fisher: keep the kept heads and neurons "
+                                              "at scale 1 (no least-squares tuning)")
     pattern: str | None = option(None, help="N:M semi-structured sparsity, e.g. 2:4: the N smallest "
                                             "|w| of every group of M consecutive weights along each "
                                             "pruned matrix's input dimension are zeroed (sparsity "
@@ -184,6 +194,12 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                              "and fisher needs it: use both or neither")
         if self.flops_reduction is not None:
             check_range("flops_reduction", self.flops_reduction, 0, 1, lo_open=True, hi_open=True)
+        check_range("max_swaps", self.max_swaps, 0)
+        check_range("scale_bound", self.scale_bound, 1)
+        if self.criterion != "fisher" and (self.max_swaps != MAX_SWAPS or self.scale_bound != SCALE_BOUND
+                                           or self.no_mask_tuning):
+            raise UsageError("--max-swaps, --scale-bound and --no-mask-tuning tune --criterion fisher; "
+                             "drop them or use --structured heads,ffn --criterion fisher")
         if self.resume and self.out is None:  # checked here too, before any data or model is loaded
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
@@ -287,7 +303,9 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict
         from compress.pruning.fisher_structured import fisher_prune_structured
 
         return fisher_prune_structured(module, batches, cfg.flops_reduction, cfg.max_length,
-                                       tuple(cfg.structured))
+                                       tuple(cfg.structured), tune=not cfg.no_mask_tuning,
+                                       max_swaps=cfg.max_swaps,
+                                       scale_bound=None if math.isinf(cfg.scale_bound) else cfg.scale_bound)
     from compress.pruning.structured import prune_structured
 
     return prune_structured(module, cfg.sparsity, tuple(cfg.structured))
