@@ -233,11 +233,20 @@ def _task_accuracy(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, final: Pa
     max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
     if cfg.precision != "fp32":
         acc = half_accuracy(fp32, final, cfg.precision, tok, spec, data["eval"], max_len, provider)
-    else:
+    elif cfg.quantize is None:
         acc = {"fp32": ort_accuracy(fp32, tok, spec, data["eval"], max_len, provider=provider)}
-    if cfg.quantize is not None:
-        acc[cfg.quantize] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
+    else:
+        ref = ort_accuracy(fp32, tok, spec, data["eval"], max_len, provider=provider, with_logits=True)
+        quant = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider, with_logits=True)
+        acc = {"fp32": ref, cfg.quantize: {**quant, **agreement(quant.pop("logits"), ref.pop("logits"))}}
     return {"task": spec.name, "metric": spec.metric, **acc}
+
+
+def agreement(logits: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """How often the argmax of ``logits`` ([examples, labels]) is the reference's, and their
+    largest absolute difference."""
+    return {"argmax_agreement": float(np.mean(logits.argmax(-1) == ref.argmax(-1))),
+            "max_abs_diff": float(np.max(np.abs(logits - ref)))}
 
 
 # Task accuracy of the exported graphs: the evaluation loop of ``compress eval`` on an onnxruntime
@@ -265,9 +274,7 @@ def half_accuracy(fp32_path: str | Path, half_path: str | Path, precision: str, 
     if why is not None:
         return {"fp32": fp32, precision: {"skipped": why, "n": len(ds)}}
     half = ort_accuracy(half_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
-    logits = half.pop("logits")
-    half["argmax_agreement"] = float(np.mean(logits.argmax(-1) == ref.argmax(-1)))
-    half["max_abs_diff"] = float(np.max(np.abs(logits - ref)))
+    half.update(agreement(half.pop("logits"), ref))
     return {"fp32": fp32, precision: half}
 
 

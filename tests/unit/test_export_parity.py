@@ -241,6 +241,18 @@ def test_int8_per_channel_scales(tiny_bert, tmp_path):
     assert r["max_abs_diff"]["logits"] <= INT8_ATOL
 
 
+def test_int8_dev_set_agreement_with_fp32(tiny_bert, tmp_path):
+    report = run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "q.onnx"), quantize="int8",
+                                     task="sample", eval_limit=16))
+    acc = report["accuracy"]
+    assert acc["fp32"]["n"] == acc["int8"]["n"] == 16 and "logits" not in acc["fp32"]
+    assert 0.5 <= acc["int8"]["argmax_agreement"] <= 1.0
+    assert 0 < acc["int8"]["max_abs_diff"] <= INT8_ATOL
+    # agreement of 1.0 with equal scores is possible; a lower one means the scores may differ
+    if acc["int8"]["argmax_agreement"] == 1.0:
+        assert acc["int8"]["score"] == acc["fp32"]["score"]
+
+
 def test_sdpa_export_does_not_fuse_but_eager_does(tiny_bert, tmp_path):
     """Why the exporter loads BERT with eager attention: the optimizer only fuses that graph."""
     counts = {}
