@@ -134,8 +134,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                             "rearrangement (it stops sooner when no swap lowers "
                                             "the Fisher cost); 0 = none")
     scale_bound: float = option(SCALE_BOUND, help="--criterion fisher: the least-squares scales of "
-                                                  "the kept heads and neurons stay in [-B, B]; inf = "
-                                                  "unbounded")
+                                                  "the kept heads and neurons stay in [-B, B], B >= 1; "
+                                                  "0 = unbounded")
     no_mask_tuning: bool = option(False, help="--criterion fisher: keep the kept heads and neurons "
                                               "at scale 1 (no least-squares tuning)")
     pattern: str | None = option(None, help="N:M semi-structured sparsity, e.g. 2:4: the N smallest "
@@ -195,7 +195,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if self.flops_reduction is not None:
             check_range("flops_reduction", self.flops_reduction, 0, 1, lo_open=True, hi_open=True)
         check_range("max_swaps", self.max_swaps, 0)
-        check_range("scale_bound", self.scale_bound, 1)
+        if self.scale_bound != 0:
+            check_range("scale_bound", self.scale_bound, 1)
         if self.criterion != "fisher" and (self.max_swaps != MAX_SWAPS or self.scale_bound != SCALE_BOUND
                                            or self.no_mask_tuning):
             raise UsageError("--max-swaps, --scale-bound and --no-mask-tuning tune --criterion fisher; "
@@ -305,7 +306,7 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict
         return fisher_prune_structured(module, batches, cfg.flops_reduction, cfg.max_length,
                                        tuple(cfg.structured), tune=not cfg.no_mask_tuning,
                                        max_swaps=cfg.max_swaps,
-                                       scale_bound=None if math.isinf(cfg.scale_bound) else cfg.scale_bound)
+                                       scale_bound=cfg.scale_bound or None)
     from compress.pruning.structured import prune_structured
 
     return prune_structured(module, cfg.sparsity, tuple(cfg.structured))
