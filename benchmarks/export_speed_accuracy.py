@@ -67,7 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--provider", default="auto")
     p.add_argument("--threads", type=int, help="intra-op threads (default: torch's)")
-    p.add_argument("--per-channel", action="store_true", help="int8 scales per output column")
+    p.add_argument("--per-tensor", action="store_true",
+                   help="one int8 scale per weight matrix (default: per output column)")
     p.add_argument("--out", default="artifacts/bench", help="folder for the JSON and the ONNX files")
     return p.parse_args(argv)
 
@@ -87,7 +88,7 @@ def _export(name: str, model: str, work: Path, args, optimize: bool, int8: bool,
     from compress.recipes.export import ExportConfig, run_export
 
     cfg = ExportConfig(model=model, to=str(work / f"{name}.onnx"), optimize=optimize,
-                       quantize="int8" if int8 else None, per_channel=int8 and args.per_channel,
+                       quantize="int8" if int8 else None, per_tensor=int8 and args.per_tensor,
                        provider=args.provider,
                        task=args.task if accuracy else None, data_dir=args.data_dir,
                        eval_limit=args.eval_limit)

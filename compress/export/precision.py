@@ -197,8 +197,8 @@ class Precision:
     """One number format an ONNX export is written in, and what export, bench and measure need to
     know about it.
 
-    ``convert(src, dst, per_channel=False) -> summary`` writes ``dst`` from the float32 graph
-    ``src`` (``per_channel`` is int8's option; the export config rejects it elsewhere); fp32's is a
+    ``convert(src, dst, per_channel=True) -> summary`` writes ``dst`` from the float32 graph
+    ``src`` (``per_channel`` is int8's option, ignored by the others); fp32's is a
     copy, since the export itself is float32. ``check(loaded, path, shapes, atol, provider)`` is
     its parity check against PyTorch fp32, ``atol`` its default tolerance (logits, absolute).
     """
@@ -216,17 +216,17 @@ class Precision:
     tolerance_note: str | None = None  # the export report's ``<name>_tolerance_note``, "{atol:g}" filled
 
 
-def _copy_fp32(src: str | Path, dst: str | Path, per_channel: bool = False) -> dict[str, Any]:
+def _copy_fp32(src: str | Path, dst: str | Path, per_channel: bool = True) -> dict[str, Any]:
     shutil.copyfile(src, dst)
     return {}
 
 
-def _convert_half(src: str | Path, dst: str | Path, per_channel: bool = False, *, precision: str
+def _convert_half(src: str | Path, dst: str | Path, per_channel: bool = True, *, precision: str
                   ) -> dict[str, Any]:
     return convert_to_half(src, dst, precision)
 
 
-def _quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = False) -> dict[str, Any]:
+def _quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = True) -> dict[str, Any]:
     quantize_int8(src, dst, per_channel=per_channel)
     return {}
 

@@ -20,11 +20,14 @@ Phases, each usable alone:
    encoder run in eval mode); importance = sum over examples of the squared gradient (the
    empirical Fisher diagonal).
 2. ``search_masks`` (``fisher_search``): the FLOPs-constrained search.
-3. ``rearrange_masks`` (``fisher_search``): greedy swaps under each layer's block of the Fisher.
+3. ``rearrange_masks`` (``fisher_search``): greedy swaps under each layer's block of the Fisher,
+   until no swap lowers the cost (at most ``max_swaps`` per block).
 4. ``tune_masks_least_squares`` (``fisher_tuning``): per layer in order, real-valued scales of
    the kept heads, then of the kept neurons, fitted by ridge-damped least squares so the pruned
    layer's attention / FFN output (before residual and LayerNorm) matches the dense model's; the
-   later layers see the tuned earlier ones. Scales that would not lower the error fall back to 1.
+   later layers see the tuned earlier ones. The scales stay in ``[-scale_bound, scale_bound]``
+   (box-constrained least squares; Kwon et al.'s code stops tuning once a scale leaves [-10,
+   10]). Scales that would not lower the error fall back to 1.
 5. the scales are folded into the ``attn_out`` / ``ffn_out`` columns and the units are removed by
    ``compress.pruning.structured.remove_structured`` (same saved format as ``prune_structured``).
 
@@ -53,26 +56,85 @@ from compress.pruning.fisher_masks import (
     unit_flops,
     unit_masks,
 )
-from compress.pruning.fisher_search import TARGETS, rearrange_masks, search_masks
-from compress.pruning.fisher_tuning import fold_scales, tune_masks_least_squares
+from compress.pruning.fisher_search import MAX_SWAPS, TARGETS, rearrange_masks, removal_cost, search_masks
+from compress.pruning.fisher_tuning import SCALE_BOUND, fold_scales, tune_masks_least_squares
 from compress.pruning.structured import remove_structured
 
 IMPORTANCE = ("empirical Fisher diagonal of per-head / per-neuron multiplicative masks (Kwon et al. 2022): "
               "sum over examples of the squared per-example gradient")
 
-__all__ = ["FisherImportance", "fisher_importance", "fisher_prune_structured", "fold_scales",
-           "per_example_loss", "rearrange_masks", "search_masks", "tune_masks_least_squares",
-           "unit_flops", "unit_masks"]
+__all__ = ["MAX_SWAPS", "SCALE_BOUND", "FisherImportance", "block_costs", "fisher_importance",
+           "fisher_prune_structured", "fold_scales", "per_example_loss", "rearrange_masks", "search_masks",
+           "tune_masks_least_squares", "unit_flops", "unit_masks"]
+
+
+def block_costs(keep_heads: list[list[int]], keep_neurons: list[list[int]],
+                fisher: FisherImportance) -> float:
+    """Sum over layers and unit kinds of ``removal_cost`` of the units not in the keep lists: the
+    block-Fisher estimate of the loss increase that the rearrangement lowers."""
+    total = 0.0
+    for grads, keeps in ((fisher.head_grads, keep_heads), (fisher.neuron_grads, keep_neurons)):
+        for g, keep in zip(grads, keeps):
+            removed = torch.ones(g.shape[1], dtype=torch.bool)
+            removed[keep] = False
+            total += removal_cost(g, removed)
+    return total
+
+
+def apply_keep_lists(model: nn.Module, batches: list[dict[str, torch.Tensor]], fisher: FisherImportance,
+                     keep_heads: list[list[int]], keep_neurons: list[list[int]],
+                     lap: Callable[[str], None] = lambda phase: None, rearrange: bool = True,
+                     tune: bool = True, max_swaps: int = MAX_SWAPS,
+                     scale_bound: float | None = SCALE_BOUND) -> dict[str, Any]:
+    """Phases 3-5 on the searched keep lists, whatever searched them (FLOPs here, latency in
+    ``compress.pruning.latency_structured``): rearrange, tune, fold the scales, remove the rest.
+    Returns the report fields, ``kept_heads`` / ``kept_neurons`` the final lists; ``lap(phase)``
+    is called after each phase."""
+    cost_before = block_costs(keep_heads, keep_neurons, fisher)
+    if rearrange:
+        keep_heads, keep_neurons = rearrange_masks(keep_heads, keep_neurons, fisher.head_grads,
+                                                   fisher.neuron_grads, max_swaps)
+    lap("rearrange")
+    if tune:
+        tuned = tune_masks_least_squares(model, batches, keep_heads, keep_neurons, bound=scale_bound)
+    else:
+        tuned = {"heads": [torch.zeros(len(h)).index_fill_(0, torch.tensor(k, dtype=torch.long), 1.0)
+                           for h, k in zip(fisher.heads, keep_heads)],
+                 "neurons": [torch.zeros(len(n)).index_fill_(0, torch.tensor(k, dtype=torch.long), 1.0)
+                             for n, k in zip(fisher.neurons, keep_neurons)]}
+    lap("tune")
+    fold_scales(model, tuned["heads"], tuned["neurons"])
+    removal = remove_structured(model, keep_heads, keep_neurons)
+    lap("remove")
+    fields = {"rearranged": rearrange, "max_swaps": max_swaps,
+              "removal_cost": {"searched": cost_before,
+                               "kept": block_costs(keep_heads, keep_neurons, fisher)},
+              "tuned": tune and "skipped" not in tuned, "scale_bound": scale_bound,
+              "head_masks": [v.tolist() for v in tuned["heads"]],
+              "neuron_masks": [v.tolist() for v in tuned["neurons"]],
+              **removal, "kept_neurons": keep_neurons}
+    for key in ("attn_error", "ffn_error", "skipped"):
+        if key in tuned:
+            fields[f"tune_{key}"] = tuned[key]
+    return fields
 
 
 def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
                             flops_reduction: float, seq_len: int, targets: tuple[str, ...] = TARGETS,
                             rearrange: bool = True, tune: bool = True,
-                            loss_fn: Callable[[Any, dict], torch.Tensor] | None = None) -> dict[str, Any]:
+                            loss_fn: Callable[[Any, dict], torch.Tensor] | None = None,
+                            max_swaps: int = MAX_SWAPS, scale_bound: float | None = SCALE_BOUND
+                            ) -> dict[str, Any]:
     """Remove heads / FFN neurons of ``model`` in place so the encoder's FLOPs at ``seq_len``
-    tokens fall by at least ``flops_reduction`` (in (0, 1)); see the module docstring."""
+    tokens fall by at least ``flops_reduction`` (in (0, 1)); see the module docstring.
+    ``max_swaps``: the rearrangement's cap per block; ``scale_bound``: the tuned scales stay in
+    ``[-scale_bound, scale_bound]`` (None: unbounded)."""
     if not 0 < flops_reduction < 1:
         raise UsageError(f"flops_reduction must be in (0, 1), got {flops_reduction}")
+    if scale_bound is not None and not scale_bound >= 1:
+        raise UsageError(f"scale_bound must be >= 1 (a scale of 1 is the untuned mask), got {scale_bound}")
+    if max_swaps < 0:
+        raise UsageError(f"max_swaps must be >= 0, got {max_swaps}")
     if seq_len < 1:
         raise UsageError(f"seq_len must be a positive number of tokens, got {seq_len}")
     targets = tuple(targets)
@@ -101,21 +163,9 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
     keep_heads, keep_neurons = search_masks(fisher.heads, fisher.neurons, per_head, per_neuron,
                                             (1 - flops_reduction) * before, targets)
     lap("search")
-    if rearrange:
-        keep_heads, keep_neurons = rearrange_masks(keep_heads, keep_neurons, fisher.head_grads,
-                                                   fisher.neuron_grads)
-    lap("rearrange")
-    if tune:
-        tuned = tune_masks_least_squares(model, batches, keep_heads, keep_neurons)
-    else:
-        tuned = {"heads": [torch.zeros(len(h)).index_fill_(0, torch.tensor(k), 1.0)
-                           for h, k in zip(fisher.heads, keep_heads)],
-                 "neurons": [torch.zeros(len(n)).index_fill_(0, torch.tensor(k), 1.0)
-                             for n, k in zip(fisher.neurons, keep_neurons)]}
-    lap("tune")
-    fold_scales(model, tuned["heads"], tuned["neurons"])
-    removal = remove_structured(model, keep_heads, keep_neurons)
-    lap("remove")
+    applied = apply_keep_lists(model, batches, fisher, keep_heads, keep_neurons, lap, rearrange, tune,
+                               max_swaps, scale_bound)
+    keep_heads, keep_neurons = applied["kept_heads"], applied["kept_neurons"]
     after = flops([len(h) for h in keep_heads], [len(n) for n in keep_neurons])
     report = {"method": "fisher (Kwon et al. 2022)", "importance": IMPORTANCE, "loss": fisher.loss,
               "architecture": layout.name, "targets": list(targets), "seq_len": seq_len,
@@ -126,11 +176,5 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
               "flops_per_head": per_head, "flops_per_neuron": per_neuron,
               "flops_not_counted": "element-wise ops (LayerNorm, softmax, activations, biases); "
                                    "DeBERTa's relative-position terms; embeddings and task head",
-              "rearranged": rearrange, "tuned": tune and "skipped" not in tuned,
-              "head_masks": [v.tolist() for v in tuned["heads"]],
-              "neuron_masks": [v.tolist() for v in tuned["neurons"]],
-              "kept_neurons": keep_neurons, **removal, "seconds": seconds}
-    for key in ("attn_error", "ffn_error", "skipped"):
-        if key in tuned:
-            report[f"tune_{key}"] = tuned[key]
+              **applied, "seconds": seconds}
     return report

@@ -8,19 +8,48 @@ from typing import Any
 import torch
 from torch import nn
 
-from compress.core.errors import ModelError
+from compress.core.errors import ModelError, UsageError
 from compress.models.architectures import encoder_layers, head_layout, layout_for
 from compress.pruning.fisher_masks import split_labels, to_device, unit_masks
+
+SCALE_BOUND = 10.0
 
 
 class _Stop(Exception):
     """Raised by a capture hook: the rest of the layer is not needed."""
 
 
-def _solve(gram: torch.Tensor, rhs: torch.Tensor, const: float,
-           damping: float) -> tuple[torch.Tensor, float, float]:
+def _bounded_solve(a: torch.Tensor, b: torch.Tensor, bound: float, rounds: int = 100) -> torch.Tensor:
+    """``argmin_s s^T A s - 2 s^T b`` subject to ``|s_k| <= bound`` (``A`` positive definite): an
+    active set. Units whose free solution leaves the box are held at the nearer bound and the rest
+    solved again; a held unit is released when the gradient says moving it inwards lowers the
+    objective. Stops when neither happens (the box-constrained optimum) or after ``rounds``."""
+    held = torch.zeros(len(b), dtype=torch.bool)
+    value = torch.zeros_like(b)
+    s = value
+    for _ in range(rounds):
+        free = ~held
+        s = value.clone()
+        if free.any():
+            s[free] = torch.linalg.solve(a[free][:, free], b[free] - a[free][:, held] @ value[held])
+        over = free & (s.abs() > bound)
+        if over.any():
+            held |= over
+            value[over] = bound * torch.sign(s[over])
+            continue
+        grad = a @ s - b  # half the objective's gradient
+        release = held & (grad * torch.sign(value) > 0)  # at +bound: grad > 0 says go down
+        if not release.any():
+            break
+        held &= ~release
+    return s.clamp(-bound, bound)
+
+
+def _solve(gram: torch.Tensor, rhs: torch.Tensor, const: float, damping: float,
+           bound: float | None = None) -> tuple[torch.Tensor, float, float]:
     """Scales minimising ``|sum_k s_k C_k - R|^2`` (= s^T G s - 2 s^T r + |R|^2) + a ridge pulling
-    them towards 1; returns (scales, error at 1, error at the scales), falling back to 1."""
+    them towards 1, within ``[-bound, bound]`` when ``bound`` is set; returns (scales, error at 1,
+    error at the scales), falling back to 1."""
     ones = torch.ones_like(rhs)
 
     def err(s):
@@ -28,7 +57,10 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, const: float,
 
     lam = damping * float(gram.diagonal().mean().clamp_min(1e-30))
     eye = torch.eye(len(rhs), dtype=gram.dtype)
-    scales = torch.linalg.solve(gram + lam * eye, rhs + lam * ones)
+    a, b = gram + lam * eye, rhs + lam * ones
+    scales = torch.linalg.solve(a, b)
+    if bound is not None and torch.isfinite(scales).all() and bool((scales.abs() > bound).any()):
+        scales = _bounded_solve(a, b, bound)
     before, after = err(ones), err(scales)
     if not torch.isfinite(scales).all() or after > before:
         return ones, before, before
@@ -58,15 +90,19 @@ def _tokens(x: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 @torch.no_grad()
 def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Tensor]],
                              keep_heads: list[list[int]], keep_neurons: list[list[int]],
-                             damping: float = 1e-3) -> dict[str, Any]:
+                             damping: float = 1e-3, bound: float | None = SCALE_BOUND) -> dict[str, Any]:
     """Kwon et al.'s mask tuning (module docstring, phase 4); the model's weights are not changed.
 
     Returns ``heads`` / ``neurons``: per layer, full-length mask values (0 for removed units, the
     fitted scale for kept ones), and per layer the squared output error at scale 1 and tuned
-    (``attn_error``, ``ffn_error``: [before, after]). Memory: the dense attention and FFN outputs
+    (``attn_error``, ``ffn_error``: [before, after]). ``bound``: every scale stays in ``[-bound,
+    bound]`` (``_bounded_solve``; None: unbounded); it must be >= 1, so that the fallback to 1
+    obeys it too. Memory: the dense attention and FFN outputs
     of every layer, 2 x layers x tokens x hidden floats. ALBERT's shared layers are not tuned
     (one set of scales would serve every pass): scales stay 1 and ``skipped`` says so.
     """
+    if bound is not None and not bound >= 1:
+        raise UsageError(f"bound must be >= 1 (a scale of 1 is the untuned mask), got {bound}")
     layout = layout_for(model)
     layers = encoder_layers(model, layout)
     _, d = head_layout(model)
@@ -149,7 +185,7 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
                         gram += g.double()
                         rhs += rh.double()
                         const += float((r.double() ** 2).sum())
-                    scales, before, after = _solve(gram, rhs, const, damping)
+                    scales, before, after = _solve(gram, rhs, const, damping, bound)
                     values[lay.index][kept] = scales.float().cpu()
                     report["attn_error" if role == "attn_out" else "ffn_error"].append([before, after])
                 for b in range(len(batches)):

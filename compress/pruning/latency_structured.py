@@ -27,8 +27,9 @@ from compress.core.errors import UsageError
 from compress.models.architectures import layout_for
 from compress.models.modeling_pruned import can_empty_blocks
 from compress.pruning.fisher_masks import FisherImportance, fisher_importance, unit_flops
-from compress.pruning.fisher_search import TARGETS, rearrange_masks
-from compress.pruning.fisher_tuning import fold_scales, tune_masks_least_squares
+from compress.pruning.fisher_search import MAX_SWAPS, TARGETS
+from compress.pruning.fisher_structured import apply_keep_lists
+from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.latency_search import (
     BlockOptions,
     block_options,
@@ -37,7 +38,6 @@ from compress.pruning.latency_search import (
     top_units,
     width_counts,
 )
-from compress.pruning.structured import remove_structured
 
 
 class LatencyModel(Protocol):
@@ -86,9 +86,11 @@ def plan_for_speedup(fisher: FisherImportance, table: LatencyModel, speedup: flo
 
 def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], table: LatencyModel,
                      speedup: float, targets: tuple[str, ...] = TARGETS, rearrange: bool = True,
-                     tune: bool = True, fisher: FisherImportance | None = None) -> dict[str, Any]:
+                     tune: bool = True, fisher: FisherImportance | None = None, max_swaps: int = MAX_SWAPS,
+                     scale_bound: float | None = SCALE_BOUND) -> dict[str, Any]:
     """Remove units, blocks and layers of ``model`` in place so ``table`` predicts ``speedup``;
-    returns the report (the plan, what was removed, FLOPs before and after, seconds per phase)."""
+    returns the report (the plan, what was removed, FLOPs before and after, seconds per phase).
+    ``max_swaps``, ``scale_bound``: as in ``fisher_prune_structured``."""
     for t in targets:
         if t not in TARGETS:
             raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(TARGETS)}")
@@ -96,49 +98,33 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
     batches = list(batches)
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[phase] = round(now - clock, 3)
+        clock = now
+
     if fisher is None:
         fisher = fisher_importance(model, batches)
-    seconds["fisher"] = round(time.perf_counter() - clock, 3)
+    lap("fisher")
     allow_empty = can_empty_blocks(model.config.model_type)
     plan = plan_for_speedup(fisher, table, speedup, tuple(targets), allow_empty)
-    seconds["search"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
-    keep_heads, keep_neurons = plan["keep_heads"], plan["keep_neurons"]
-    if rearrange:
-        keep_heads, keep_neurons = rearrange_masks(keep_heads, keep_neurons, fisher.head_grads,
-                                                   fisher.neuron_grads)
-    seconds["rearrange"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
-    tuned = _tuned_masks(model, batches, fisher, keep_heads, keep_neurons, tune)
-    seconds["tune"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
+    lap("search")
     per_head, per_neuron = unit_flops(model, getattr(table, "seq_len", 128))  # FLOPs at the table's length
-    fold_scales(model, tuned["heads"], tuned["neurons"])
-    removal = remove_structured(model, keep_heads, keep_neurons)
-    seconds["remove"] = round(time.perf_counter() - clock - sum(seconds.values()), 3)
+    applied = apply_keep_lists(model, batches, fisher, plan["keep_heads"], plan["keep_neurons"], lap,
+                               rearrange, tune, max_swaps, scale_bound)
 
     def flops(heads, neurons):
         return sum(len(h) for h in heads) * per_head + sum(len(n) for n in neurons) * per_neuron
 
     before = flops([range(len(h)) for h in fisher.heads], [range(len(n)) for n in fisher.neurons])
-    after = flops(keep_heads, keep_neurons)
-    report = {"method": "fisher importance, latency-constrained search (ZipLM-style dynamic programme "
-                        "over a measured latency table)", "loss": fisher.loss, "architecture": layout.name,
-              "targets": list(targets), "blocks_removable": allow_empty,
-              **{k: v for k, v in plan.items() if not k.startswith("keep_")},
-              "encoder_flops_before": before, "encoder_flops_after": after,
-              "flops_reduction": 1 - after / before, "rearranged": rearrange,
-              "tuned": tune and "skipped" not in tuned,
-              "head_masks": [v.tolist() for v in tuned["heads"]],
-              "neuron_masks": [v.tolist() for v in tuned["neurons"]],
-              "kept_neurons": keep_neurons, **removal, "seconds": seconds}
-    for key in ("attn_error", "ffn_error", "skipped"):
-        if key in tuned:
-            report[f"tune_{key}"] = tuned[key]
-    return report
+    after = flops(applied["kept_heads"], applied["kept_neurons"])
+    return {"method": "fisher importance, latency-constrained search (ZipLM-style dynamic programme "
+                      "over a measured latency table)", "loss": fisher.loss, "architecture": layout.name,
+            "targets": list(targets), "blocks_removable": allow_empty,
+            **{k: v for k, v in plan.items() if not k.startswith("keep_")},
+            "encoder_flops_before": before, "encoder_flops_after": after,
+            "flops_reduction": 1 - after / before, **applied, "seconds": seconds}
 
 
-def _tuned_masks(model, batches, fisher, keep_heads, keep_neurons, tune: bool) -> dict[str, Any]:
-    if tune:
-        return tune_masks_least_squares(model, batches, keep_heads, keep_neurons)
-    return {"heads": [torch.zeros(len(h)).index_fill_(0, torch.tensor(k, dtype=torch.long), 1.0)
-                      for h, k in zip(fisher.heads, keep_heads)],
-            "neurons": [torch.zeros(len(n)).index_fill_(0, torch.tensor(k, dtype=torch.long), 1.0)
-                        for n, k in zip(fisher.neurons, keep_neurons)]}

@@ -39,8 +39,9 @@ class ExportConfig:
     quantize: str | None = option(None, choices=QUANTIZE_CHOICES,
                                   help="int8: dynamic int8 quantization with its own looser parity "
                                        "check")
-    per_channel: bool = option(False, help="int8 scale per output column of each weight matrix "
-                                           "(default: one per matrix)")
+    per_tensor: bool = option(False, help="int8: one scale per weight matrix (default: one per output "
+                                          "column, which keeps BERT's outlier output dimensions "
+                                          "from costing the other rows their precision)")
     precision: str = option("fp32", choices=PRECISION_CHOICES,
                             help="fp32, or fp16/bf16: optimized (fused) first, then converted; "
                                  "float32 inputs and outputs, its own parity tolerance")
@@ -60,8 +61,7 @@ class ExportConfig:
                                        "full name")
     task: str | None = option(None, choices=task_choices,
                               help="also report this task's dev-set metric for fp32 and "
-                                   "int8/fp16/bf16 (and, for fp16/bf16, the argmax agreement with "
-                                   "fp32)")
+                                   "int8/fp16/bf16, and their argmax agreement with fp32")
     data_dir: str | None = option(None, help="folder holding the task's files")
     eval_limit: int | None = option(None, help="use only the first N dev examples")
     max_length: int | None = option(None, help="tokenizer max length for --task (unset: the "
@@ -74,8 +74,8 @@ class ExportConfig:
             raise UsageError(f"--to {self.to}: the output file name must end in .onnx")
         if self.quantize is not None:
             check_choice("quantize", self.quantize, QUANTIZE_CHOICES)
-        elif self.per_channel:
-            raise UsageError("--per-channel applies to int8 weights; add --quantize int8")
+        elif self.per_tensor:
+            raise UsageError("--per-tensor applies to int8 weights; add --quantize int8")
         check_choice("precision", self.precision, PRECISION_CHOICES)
         if self.precision != "fp32" and self.quantize is not None:
             raise UsageError(f"--precision {self.precision} and --quantize {self.quantize} exclude each "
@@ -214,7 +214,7 @@ def _converted(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, shapes, provi
     if target.name == "fp32":
         return fp32
     out = fp32.parent / f"{target.name}.onnx"
-    summary = target.convert(fp32, out, per_channel=cfg.per_channel)
+    summary = target.convert(fp32, out, per_channel=not cfg.per_tensor)
     if target.summary_key is not None:
         report[target.summary_key] = summary
     atol = cfg.target_atol
@@ -233,11 +233,21 @@ def _task_accuracy(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, final: Pa
     max_len = cfg.max_length or (loaded.meta or {}).get("max_length", 128)
     if cfg.precision != "fp32":
         acc = half_accuracy(fp32, final, cfg.precision, tok, spec, data["eval"], max_len, provider)
-    else:
+    elif cfg.quantize is None:
         acc = {"fp32": ort_accuracy(fp32, tok, spec, data["eval"], max_len, provider=provider)}
-    if cfg.quantize is not None:
-        acc[cfg.quantize] = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider)
+    else:
+        ref = ort_accuracy(fp32, tok, spec, data["eval"], max_len, provider=provider, with_logits=True)
+        quant = ort_accuracy(final, tok, spec, data["eval"], max_len, provider=provider, with_logits=True)
+        acc = {"fp32": ref, cfg.quantize: {**quant, **agreement(quant.pop("logits"), ref.pop("logits"))}}
     return {"task": spec.name, "metric": spec.metric, **acc}
+
+
+def agreement(logits: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """How often the argmax of ``logits`` ([examples, labels]) is the reference's, and their
+    largest and mean absolute difference."""
+    return {"argmax_agreement": float(np.mean(logits.argmax(-1) == ref.argmax(-1))),
+            "max_abs_diff": float(np.max(np.abs(logits - ref))),
+            "mean_abs_diff": float(np.mean(np.abs(logits - ref)))}
 
 
 # Task accuracy of the exported graphs: the evaluation loop of ``compress eval`` on an onnxruntime
@@ -265,9 +275,7 @@ def half_accuracy(fp32_path: str | Path, half_path: str | Path, precision: str, 
     if why is not None:
         return {"fp32": fp32, precision: {"skipped": why, "n": len(ds)}}
     half = ort_accuracy(half_path, tokenizer, spec, ds, max_length, provider=provider, with_logits=True)
-    logits = half.pop("logits")
-    half["argmax_agreement"] = float(np.mean(logits.argmax(-1) == ref.argmax(-1)))
-    half["max_abs_diff"] = float(np.max(np.abs(logits - ref)))
+    half.update(agreement(half.pop("logits"), ref))
     return {"fp32": fp32, precision: half}
 
 

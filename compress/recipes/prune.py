@@ -47,6 +47,8 @@ from compress.models.loading import (
     resolve_model,
 )
 from compress.pruning.criteria import CRITERIA, get_criterion
+from compress.pruning.fisher_search import MAX_SWAPS
+from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.integrity import (
     MASKS_FILE,
     check_masks,
@@ -145,6 +147,14 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                                "measured and the speedup aimed")
     max_drop: float = option(1.0, help="--speedup family: the report names the fastest model whose int8 "
                                        "dev score is at most this many points below the dense model's")
+    max_swaps: int = option(MAX_SWAPS, help="--criterion fisher: most swaps per layer of the mask "
+                                            "rearrangement (it stops sooner when no swap lowers "
+                                            "the Fisher cost); 0 = none")
+    scale_bound: float = option(SCALE_BOUND, help="--criterion fisher: the least-squares scales of "
+                                                  "the kept heads and neurons stay in [-B, B], B >= 1; "
+                                                  "0 = unbounded")
+    no_mask_tuning: bool = option(False, help="--criterion fisher: keep the kept heads and neurons "
+                                              "at scale 1 (no least-squares tuning)")
     pattern: str | None = option(None, help="N:M semi-structured sparsity, e.g. 2:4: the N smallest "
                                             "|w| of every group of M consecutive weights along each "
                                             "pruned matrix's input dimension are zeroed (sparsity "
@@ -199,6 +209,13 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         self._check_speed_target()
         if self.flops_reduction is not None:
             check_range("flops_reduction", self.flops_reduction, 0, 1, lo_open=True, hi_open=True)
+        check_range("max_swaps", self.max_swaps, 0)
+        if self.scale_bound != 0:
+            check_range("scale_bound", self.scale_bound, 1)
+        if self.criterion != "fisher" and (self.max_swaps != MAX_SWAPS or self.scale_bound != SCALE_BOUND
+                                           or self.no_mask_tuning):
+            raise UsageError("--max-swaps, --scale-bound and --no-mask-tuning tune --criterion fisher; "
+                             "drop them or use --structured heads,ffn --criterion fisher")
         if self.resume and self.out is None:  # checked here too, before any data or model is loaded
             raise UsageError("--resume needs --out naming the interrupted run's folder "
                              "(the folder it was started with)")
@@ -363,14 +380,17 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict
         batch, tokens = parse_shape(cfg.latency_shape)
         table = latency_table(module, cfg.latency_runtime, batch, tokens)
         report = prune_to_speedup(module, batches, table, cfg.speedup[0], tuple(cfg.structured),
-                                  fisher=fisher)
+                                  tune=not cfg.no_mask_tuning, fisher=fisher, max_swaps=cfg.max_swaps,
+                                  scale_bound=cfg.scale_bound or None)
         return {**report, "latency_runtime": cfg.latency_runtime, "latency_shape": cfg.latency_shape,
                 "latency_table": table.to_dict()}
     if cfg.criterion == "fisher":
         from compress.pruning.fisher_structured import fisher_prune_structured
 
         return fisher_prune_structured(module, batches, cfg.flops_reduction, cfg.max_length,
-                                       tuple(cfg.structured))
+                                       tuple(cfg.structured), tune=not cfg.no_mask_tuning,
+                                       max_swaps=cfg.max_swaps,
+                                       scale_bound=cfg.scale_bound or None)
     from compress.pruning.structured import prune_structured
 
     return prune_structured(module, cfg.sparsity, tuple(cfg.structured))

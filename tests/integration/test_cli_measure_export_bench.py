@@ -135,9 +135,9 @@ def test_bad_inputs(tiny_bert, tmp_path):
     assert "'tpu'" in err and "CPUExecutionProvider" in err
     err = _one_line_error(run_cli("bench", str(tiny_bert), "--rounds", "0"), 2)
     assert "--rounds" in err and "got 0" in err
-    proc = run_cli("export", str(tiny_bert), "--to", str(tmp_path / "p.onnx"), "--per-channel")
+    proc = run_cli("export", str(tiny_bert), "--to", str(tmp_path / "p.onnx"), "--per-tensor")
     err = _one_line_error(proc, 2)
-    assert "--per-channel" in err and "--quantize int8" in err and not (tmp_path / "p.onnx").exists()
+    assert "--per-tensor" in err and "--quantize int8" in err and not (tmp_path / "p.onnx").exists()
     notes = tmp_path / "notes.txt"
     notes.write_text("not a model")
     err = _one_line_error(run_cli("export", str(notes), "--to", str(tmp_path / "n.onnx")), 1)

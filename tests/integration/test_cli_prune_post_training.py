@@ -90,10 +90,13 @@ def test_fisher_structured_reaches_the_flops_target_and_reloads(finetuned, tmp_p
     out = tmp_path / "pt"
     assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--structured",
                  "heads,ffn", "--criterion", "fisher", "--flops-reduction", "0.4",
-                 "--calibration-samples", "16", *FAST, "--out", str(out)]) == 0
+                 "--calibration-samples", "16", "--scale-bound", "2", "--max-swaps", "5", *FAST,
+                 "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     result = summary["structured"]
     assert result["flops_reduction"] >= 0.4
+    assert result["scale_bound"] == 2.0 and result["max_swaps"] == 5 and result["tuned"]
+    assert all(abs(v) <= 2.0 for m in result["head_masks"] + result["neuron_masks"] for v in m)
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert cfg["model_type"] == "compress_bert"
     assert sum(cfg["layer_intermediate"]) < 2 * 64 or sum(cfg["layer_heads"]) < 2 * 4
@@ -138,6 +141,9 @@ def test_the_calibration_reads_the_training_split_only(finetuned, tmp_path, monk
     (["--criterion", "wanda"], "--stage post-training"),
     (["--stage", "post-training", "--criterion", "fisher", "--structured", "heads,ffn"], "--flops-reduction"),
     (["--stage", "post-training", "--criterion", "sparsegpt", "--prune-steps", "5"], "prunes once"),
+    (["--stage", "post-training", "--criterion", "sparsegpt", "--no-mask-tuning"], "--no-mask-tuning"),
+    (["--stage", "post-training", "--criterion", "fisher", "--structured", "heads,ffn", "--flops-reduction",
+      "0.4", "--scale-bound", "0.5"], "scale"),
     (["--calibration-samples", "8"], "post-training only"),
     (["--stage", "post-training", "--calibration-samples", "0"], "--calibration-samples must be"),
     (["--stage", "post-training", "--criterion", "sparsegpt", "--pattern", "2:4", "--scope", "global"],

@@ -233,12 +233,56 @@ def test_int8_per_channel_scales(tiny_bert, tmp_path):
         inits = {i.name: i for i in onnx.load(str(q)).graph.initializer}
         return [int(np.prod(inits[n].dims)) for n in inits if n.endswith("_scale")]
 
-    per_tensor = quantize_int8(path, tmp_path / "t.onnx")
-    per_channel = quantize_int8(path, tmp_path / "c.onnx", per_channel=True)
+    per_tensor = quantize_int8(path, tmp_path / "t.onnx", per_channel=False)
+    per_channel = quantize_int8(path, tmp_path / "c.onnx")  # the default
     assert set(scale_sizes(per_tensor)) == {1}
     assert max(scale_sizes(per_channel)) == loaded.model.config.intermediate_size  # FFN up-projection
     r = check_parity(loaded, per_channel, atol=INT8_ATOL, label="int8")
     assert r["max_abs_diff"]["logits"] <= INT8_ATOL
+
+
+def test_int8_scales_per_output_column_keep_an_outlier_row_from_costing_the_others(tmp_path):
+    # one output dimension of a linear layer has weights 50x the others' (BERT's FFN output
+    # projection has such rows): one int8 scale per matrix leaves the other dimensions a handful
+    # of levels, one per output column keeps them to within int8 rounding
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 16, bias=False)
+    with torch.no_grad():
+        lin.weight[3] *= 50
+    path = tmp_path / "lin.onnx"
+    torch.onnx.export(lin, (torch.randn(4, 64),), str(path), input_names=["x"], output_names=["logits"],
+                      dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+    x = torch.randn(256, 64)
+    want = lin(x).detach().numpy()
+
+    def error(q):  # relative error of the 15 ordinary output dimensions
+        got = OrtModel(q).run({"x": x.numpy()})["logits"]
+        rest = [i for i in range(16) if i != 3]
+        return float(np.abs(got[:, rest] - want[:, rest]).mean() / np.abs(want[:, rest]).mean())
+
+    per_tensor = error(quantize_int8(path, tmp_path / "t.onnx", per_channel=False))
+    per_channel = error(quantize_int8(path, tmp_path / "c.onnx"))
+    assert per_channel < 0.02 < per_tensor and per_channel < per_tensor / 5
+    # a node left out stays float32: the output is the float one
+    import onnx
+
+    matmul = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("MatMul", "Gemm"))
+    kept = quantize_int8(path, tmp_path / "f.onnx", exclude=(matmul,))
+    assert "MatMulInteger" not in {n.op_type for n in onnx.load(str(kept)).graph.node}
+    assert error(kept) < 1e-6
+    assert ExportConfig(to="m.onnx", quantize="int8").per_tensor is False  # per channel by default
+
+
+def test_int8_dev_set_agreement_with_fp32(tiny_bert, tmp_path):
+    report = run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "q.onnx"), quantize="int8",
+                                     task="sample", eval_limit=16))
+    acc = report["accuracy"]
+    assert acc["fp32"]["n"] == acc["int8"]["n"] == 16 and "logits" not in acc["fp32"]
+    assert 0.5 <= acc["int8"]["argmax_agreement"] <= 1.0
+    assert 0 < acc["int8"]["max_abs_diff"] <= INT8_ATOL
+    # agreement of 1.0 with equal scores is possible; a lower one means the scores may differ
+    if acc["int8"]["argmax_agreement"] == 1.0:
+        assert acc["int8"]["score"] == acc["fp32"]["score"]
 
 
 def test_sdpa_export_does_not_fuse_but_eager_does(tiny_bert, tmp_path):

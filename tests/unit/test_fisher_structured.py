@@ -15,14 +15,16 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 from compress.core.errors import UsageError
 from compress.measure.flops import count_flops
 from compress.models.architectures import encoder_layers, head_layout
-from compress.pruning.fisher_search import rearrange_masks, removal_cost, search_masks
+from compress.pruning.fisher_search import MAX_SWAPS, rearrange_masks, removal_cost, search_masks
 from compress.pruning.fisher_structured import (
+    SCALE_BOUND,
     fisher_importance,
     fisher_prune_structured,
     tune_masks_least_squares,
     unit_flops,
     unit_masks,
 )
+from compress.pruning.fisher_tuning import _bounded_solve, _solve
 from tests.tiny_encoders import build
 
 
@@ -190,6 +192,80 @@ def test_rearrangement_uses_the_off_diagonal_fisher_and_never_raises_the_cost():
         assert cost(new[0]) <= cost(keep) + 1e-9
 
 
+def _block_cost(grads, keep):
+    removed = torch.ones(grads.shape[1], dtype=torch.bool)
+    removed[keep] = False
+    return removal_cost(grads, removed)
+
+
+def test_rearrangement_runs_to_convergence_below_the_twenty_swap_result():
+    # a 600-unit block whose gradients share a few directions, so that units cancel each other and
+    # the diagonal ranking is far from the best set of its size
+    gen = torch.Generator().manual_seed(3)
+    grads = (torch.randn(96, 8, generator=gen) @ torch.randn(8, 600, generator=gen)
+             + 0.3 * torch.randn(96, 600, generator=gen))
+    keep = sorted(torch.argsort(-grads.pow(2).sum(0))[:240].tolist())
+    twenty, _ = rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)], max_swaps=20)
+    converged, _ = rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)])
+    assert len(converged[0]) == len(twenty[0]) == 240
+    start, after_20, after_all = (_block_cost(grads, k) for k in (keep, twenty[0], converged[0]))
+    assert after_all < 0.9 * after_20 and after_20 < start
+    # converged: no single swap of a kept and a removed unit lowers the cost any further
+    kept = converged[0]
+    gone = [j for j in range(600) if j not in set(kept)]
+    for k in kept[::12]:
+        for j in gone[::12]:
+            assert _block_cost(grads, [u for u in kept if u != k] + [j]) >= after_all * (1 - 1e-9)
+    # within the cap; 0 swaps leaves the search's lists alone
+    assert MAX_SWAPS >= 1000
+    assert rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)], max_swaps=0)[0] == [keep]
+    with pytest.raises(UsageError, match="max_swaps"):
+        rearrange_masks([keep], [[0]], [grads], [torch.zeros(4, 1)], max_swaps=-1)
+
+
+def test_bounded_solve_is_the_box_constrained_optimum():
+    # brute force: every assignment of each variable to free / -bound / +bound, solved and kept
+    # when feasible; the best of them is the box-constrained optimum
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        m = torch.randn(7, 4, generator=gen, dtype=torch.float64)
+        a = m.T @ m + 1e-3 * torch.eye(4, dtype=torch.float64)
+        b = 6 * torch.randn(4, generator=gen, dtype=torch.float64)
+        bound = 2.0
+
+        def objective(s, a=a, b=b):
+            return float(s @ a @ s - 2 * s @ b)
+
+        best = None
+        for states in itertools.product((None, -bound, bound), repeat=4):
+            fixed = torch.tensor([v is not None for v in states])
+            s = torch.tensor([0.0 if v is None else v for v in states], dtype=torch.float64)
+            if (~fixed).any():
+                free = ~fixed
+                s[free] = torch.linalg.solve(a[free][:, free], b[free] - a[free][:, fixed] @ s[fixed])
+            if bool((s.abs() <= bound + 1e-12).all()) and (best is None or objective(s) < best):
+                best = objective(s)
+        s = _bounded_solve(a, b, bound)
+        assert bool((s.abs() <= bound).all())
+        assert objective(s) == pytest.approx(best, rel=1e-9, abs=1e-9), trial
+
+
+def test_solve_bounds_the_scales_and_still_lowers_the_error():
+    # two units; the target is 20 x unit 0's contribution plus unit 1's: unbounded least squares
+    # gives scale 20, which the bound cuts to 10 while unit 1 stays at its exact 1
+    contrib = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)  # [tokens, units]
+    target = contrib @ torch.tensor([20.0, 1.0], dtype=torch.float64)
+    gram, rhs, const = contrib.T @ contrib, contrib.T @ target, float(target @ target)
+    free, before, free_err = _solve(gram, rhs, const, 1e-12)
+    assert free[0].item() == pytest.approx(20.0, rel=1e-6) and free_err < 1e-6 * before
+    bounded, before_b, after = _solve(gram, rhs, const, 1e-12, bound=10.0)
+    assert before_b == before
+    assert bounded.tolist() == pytest.approx([10.0, 6.0], rel=1e-6)  # unit 1 takes up some
+    assert free_err < after < before
+    within, _, _ = _solve(gram, rhs, const, 1e-12, bound=25.0)  # not binding: the free solution
+    assert torch.equal(within, free)
+
+
 def _layer_outputs(model, batches, heads=None, neurons=None):
     """Every layer's attention-output and FFN-output activations, non-padded tokens only."""
     out, hooks = {}, []
@@ -251,6 +327,43 @@ def test_tuning_never_raises_the_layer_error_and_recovers_a_duplicated_head_and_
     assert any(a < 0.99 * b for b, a in tuned["attn_error"] + tuned["ffn_error"])
 
 
+def test_tuned_scales_stay_within_the_bound_where_least_squares_leaves_it():
+    # layer 0's neuron 7 computes neuron 3's activation and writes it with 19x its output column,
+    # head 1 copies head 0 with -14x its columns: with 7 and head 1 removed, unbounded least
+    # squares scales neuron 3 by 20 and head 0 by -13; the bound holds both to [-10, 10]
+    model = tiny_bert(3).double()
+    lay = encoder_layers(model)[0]
+    _, d = head_layout(model)
+    with torch.no_grad():
+        for role in ("query", "key", "value"):
+            lay.linears[role].weight[d:2 * d] = lay.linears[role].weight[:d]
+            lay.linears[role].bias[d:2 * d] = lay.linears[role].bias[:d]
+        lay.linears["attn_out"].weight[:, d:2 * d] = -14 * lay.linears["attn_out"].weight[:, :d]
+        lay.linears["ffn_in"].weight[7] = lay.linears["ffn_in"].weight[3]
+        lay.linears["ffn_in"].bias[7] = lay.linears["ffn_in"].bias[3]
+        lay.linears["ffn_out"].weight[:, 7] = 19 * lay.linears["ffn_out"].weight[:, 3]
+    batches = make_batches(model, labels=False)
+    keep_heads = [[0, 2, 3], [1, 2]]
+    keep_neurons = [[j for j in range(12) if j != 7], [0, 1, 2, 5, 8, 9]]
+    free = tune_masks_least_squares(model, batches, keep_heads, keep_neurons, damping=1e-10, bound=None)
+    assert free["heads"][0][0].item() == pytest.approx(-13.0, abs=1e-3)
+    assert free["neurons"][0][3].item() == pytest.approx(20.0, abs=1e-3)
+    assert SCALE_BOUND == 10.0
+    tuned = tune_masks_least_squares(model, batches, keep_heads, keep_neurons, damping=1e-10)
+    for bound, out in ((SCALE_BOUND, tuned),
+                       (2.0, tune_masks_least_squares(model, batches, keep_heads, keep_neurons,
+                                                      damping=1e-10, bound=2.0))):
+        scales = torch.cat([v for v in out["heads"] + out["neurons"]])
+        assert scales.abs().max().item() <= bound
+        assert out["heads"][0][0].item() == pytest.approx(-bound)
+        assert out["neurons"][0][3].item() == pytest.approx(bound)
+        for before, after in out["attn_error"] + out["ffn_error"]:
+            assert after <= before
+    # the bound costs layer 0 some of its fit, and nothing where the free fit was within it
+    assert tuned["ffn_error"][0][1] > free["ffn_error"][0][1]
+    assert tuned["attn_error"][0][1] > free["attn_error"][0][1]
+
+
 @pytest.mark.parametrize("arch", ["bert", "distilbert", "roberta", "electra", "modernbert"])
 def test_fisher_prune_structured_end_to_end(arch, tmp_path):
     model = tiny_arch(arch)
@@ -283,6 +396,10 @@ def test_fisher_prune_structured_end_to_end(arch, tmp_path):
         logits = model(**inputs).logits
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
     assert sorted(report["seconds"]) == ["fisher", "rearrange", "remove", "search", "tune"]
+    # the rearrangement never raises the block-Fisher cost; the scales keep to the bound
+    assert report["removal_cost"]["kept"] <= report["removal_cost"]["searched"] * (1 + 1e-12)
+    assert report["scale_bound"] == SCALE_BOUND and report["max_swaps"] == MAX_SWAPS
+    assert all(abs(v) <= SCALE_BOUND for m in report["head_masks"] + report["neuron_masks"] for v in m)
     model.save_pretrained(tmp_path / "m")
     again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
     assert type(again) is type(model)
@@ -319,6 +436,10 @@ def test_bad_requests_are_refused_before_the_model_changes():
         fisher_prune_structured(model, batches, 0.3, 10, targets=("neurons",))
     with pytest.raises(UsageError, match="cannot hold"):
         fisher_prune_structured(model, batches, 0.99, 10)
+    with pytest.raises(UsageError, match="scale_bound must be >= 1"):
+        fisher_prune_structured(model, batches, 0.3, 10, scale_bound=0.5)
+    with pytest.raises(UsageError, match="max_swaps must be >= 0"):
+        fisher_prune_structured(model, batches, 0.3, 10, max_swaps=-1)
     assert type(model) is BertForSequenceClassification
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
