@@ -48,6 +48,16 @@ class AffineTable:
                 + sum(self.attention_ms(h) + self.ffn_ms(w) for h, w in zip(layer_heads, layer_ffn)))
 
 
+@dataclass(frozen=True)
+class ResidualTable(AffineTable):
+    """AffineTable plus a fixed charge on every prediction (the latency table's ``residual_ms``)."""
+
+    residual_ms: float = 0.0
+
+    def predict_ms(self, layer_heads, layer_ffn) -> float:
+        return self.residual_ms + super().predict_ms(layer_heads, layer_ffn)
+
+
 def test_removal_losses_equal_the_block_fisher_cost_of_removing_the_least_important():
     g = torch.Generator().manual_seed(0)
     grads = torch.randn(7, 5, generator=g)
@@ -124,6 +134,20 @@ def test_the_plan_meets_its_predicted_target():
         ffn = [len(k) for k in plan["keep_neurons"]]
         assert plan["predicted_ms"] == pytest.approx(table.predict_ms(heads, ffn))
         assert table.predict_ms([4] * 3, [64] * 3) / table.predict_ms(heads, ffn) >= speedup - 1e-9
+
+
+def test_the_target_holds_when_the_table_charges_unexplained_time():
+    fisher = _fisher()
+    table = AffineTable(heads=4, width=64, layers=3)
+    charged = ResidualTable(heads=4, width=64, layers=3, residual_ms=6.0)
+    for speedup in (1.5, 2.0):
+        plan = plan_for_speedup(fisher, charged, speedup, ffn_step=8)
+        heads = [len(k) for k in plan["keep_heads"]]
+        ffn = [len(k) for k in plan["keep_neurons"]]
+        assert charged.predict_ms([4] * 3, [64] * 3) / charged.predict_ms(heads, ffn) >= speedup - 1e-9
+        # the fixed charge leaves less time to the blocks than the plain table does
+        plain = plan_for_speedup(fisher, table, speedup, ffn_step=8)
+        assert plan["predicted_ms"] - 6.0 <= plain["predicted_ms"]
 
 
 def test_a_flops_only_search_misses_the_latency_target_the_latency_search_meets():
