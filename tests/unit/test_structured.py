@@ -330,7 +330,8 @@ def test_pruned_module_imports_only_torch_and_transformers():
     tree = ast.parse(open(modeling_pruned.__file__, encoding="utf-8").read())
     roots = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     roots |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert roots <= {"__future__", "json", "re", "shutil", "dataclasses", "pathlib", "torch", "transformers"}
+    assert roots <= {"__future__", "json", "re", "shutil", "warnings", "dataclasses", "pathlib", "torch",
+                     "transformers"}
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
 
 
