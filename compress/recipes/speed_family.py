@@ -146,6 +146,8 @@ def _report(cfg: PruneConfig, family_dir: Path, metric: str, members: list[dict]
                if best else f"no model is within {cfg.max_drop:g} point(s) of dense ({100 * dense_fp32:.2f})")
     shipped = "" if dense["score"] is None else f", {dense['score']:.4f} ({cfg.latency_runtime})"
     dense_line = f"dense: {metric} {dense_fp32:.4f} (PyTorch fp32){shipped}"
+    for shipped in [dense] + [r["shipped"] for r in rows]:  # the folder is renamed when done
+        shipped["path"] = _relative(shipped["path"], family_dir)
     write_json(family_dir / "family.json", {"metric": metric, "dense_score": dense_fp32,
                                             "dense_shipped": dense, "max_drop": cfg.max_drop,
                                             "speed_key": speed_key, "rows": rows,
@@ -155,3 +157,9 @@ def _report(cfg: PruneConfig, family_dir: Path, metric: str, members: list[dict]
                                             "latency_shape": cfg.latency_shape})
     (family_dir / "family.md").write_text(f"{dense_line}\n\n{table}\n\n{verdict}\n", encoding="utf-8")
     plot_family(rows, speed_key, dense_fp32, cfg.max_drop, family_dir / "family.png", metric)
+
+
+def _relative(path: str, folder: Path) -> str:
+    """``path`` relative to ``folder`` when it lies inside it (the family's own files), else as is."""
+    p = Path(path)
+    return str(p.relative_to(folder)) if p.is_relative_to(folder) else path
