@@ -81,6 +81,29 @@ def block_costs(keep_heads: list[list[int]], keep_neurons: list[list[int]],
     return total
 
 
+class PhaseClock:
+    """``lap(phase)`` records the seconds since the previous lap (or the clock's start) under
+    ``seconds[phase]``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - self._last, 3)
+        self._last = now
+
+
+def check_targets(targets) -> tuple[str, ...]:
+    """``targets`` as a tuple; UsageError naming the valid ones for an unknown unit kind."""
+    targets = tuple(targets)
+    for t in targets:
+        if t not in TARGETS:
+            raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(TARGETS)}")
+    return targets
+
+
 def apply_keep_lists(model: nn.Module, batches: list[dict[str, torch.Tensor]], fisher: FisherImportance,
                      keep_heads: list[list[int]], keep_neurons: list[list[int]],
                      lap: Callable[[str], None] = lambda phase: None, rearrange: bool = True,
@@ -137,21 +160,10 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
         raise UsageError(f"max_swaps must be >= 0, got {max_swaps}")
     if seq_len < 1:
         raise UsageError(f"seq_len must be a positive number of tokens, got {seq_len}")
-    targets = tuple(targets)
-    for t in targets:
-        if t not in TARGETS:
-            raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(TARGETS)}")
+    targets = check_targets(targets)
     layout = layout_for(model)
     batches = list(batches)
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        seconds[phase] = round(now - clock, 3)
-        clock = now
-
+    lap = PhaseClock()
     fisher = fisher_importance(model, batches, loss_fn)
     lap("fisher")
     per_head, per_neuron = unit_flops(model, seq_len)
@@ -176,5 +188,5 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
               "flops_per_head": per_head, "flops_per_neuron": per_neuron,
               "flops_not_counted": "element-wise ops (LayerNorm, softmax, activations, biases); "
                                    "DeBERTa's relative-position terms; embeddings and task head",
-              **applied, "seconds": seconds}
+              **applied, "seconds": lap.seconds}
     return report

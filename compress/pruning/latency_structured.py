@@ -16,7 +16,6 @@ calibration): pass the same ``fisher`` to each call on a fresh copy of the dense
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -28,7 +27,7 @@ from compress.models.architectures import layout_for
 from compress.models.modeling_pruned import can_empty_blocks
 from compress.pruning.fisher_masks import FisherImportance, fisher_importance, unit_flops
 from compress.pruning.fisher_search import MAX_SWAPS, TARGETS
-from compress.pruning.fisher_structured import apply_keep_lists
+from compress.pruning.fisher_structured import PhaseClock, apply_keep_lists, check_targets
 from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.latency_search import (
     BlockOptions,
@@ -93,20 +92,10 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
     """Remove units, blocks and layers of ``model`` in place so ``table`` predicts ``speedup``;
     returns the report (the plan, what was removed, FLOPs before and after, seconds per phase).
     ``max_swaps``, ``scale_bound``: as in ``fisher_prune_structured``."""
-    for t in targets:
-        if t not in TARGETS:
-            raise UsageError(f"unknown structured target '{t}'; choose from: {', '.join(TARGETS)}")
+    targets = check_targets(targets)
     layout = layout_for(model)
     batches = list(batches)
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        seconds[phase] = round(now - clock, 3)
-        clock = now
-
+    lap = PhaseClock()
     if fisher is None:
         fisher = fisher_importance(model, batches)
     lap("fisher")
@@ -127,6 +116,6 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
             "targets": list(targets), "blocks_removable": allow_empty,
             **{k: v for k, v in plan.items() if not k.startswith("keep_")},
             "encoder_flops_before": before, "encoder_flops_after": after,
-            "flops_reduction": 1 - after / before, **applied, "seconds": seconds}
+            "flops_reduction": 1 - after / before, **applied, "seconds": lap.seconds}
 
 
