@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,6 +19,7 @@ from transformers import (
 from compress.core.errors import UsageError
 from compress.models.loading import save_model
 from compress.pruning.structured import layer_sizes, remove_structured
+from tests.unit.test_structured import logits_equal_without_compress
 
 HEAD = 16
 # layer 0 loses its attention block, layer 1 its FFN block, layer 2 both (the whole layer), layer 3
@@ -85,28 +84,10 @@ def test_saved_model_reloads_with_equal_logits_with_and_without_compress(tmp_pat
     with torch.no_grad():
         ref = model(**inputs()).logits
         assert torch.equal(reloaded(**inputs()).logits, ref)
-    torch.save({"inputs": inputs(), "logits": ref}, tmp_path / "ref.pt")
     alone = tmp_path / "elsewhere" / "m"
     shutil.copytree(tmp_path / "m", alone)
-    code = (
-        "import sys\n"
-        "sys.modules['compress'] = None\n"
-        "import torch\n"
-        "from transformers import AutoModelForSequenceClassification\n"
-        f"m = AutoModelForSequenceClassification.from_pretrained({str(alone)!r},\n"
-        "                                                       trust_remote_code=True).eval()\n"
-        f"r = torch.load({str(tmp_path / 'ref.pt')!r})\n"
-        "with torch.no_grad():\n"
-        "    out = m(**r['inputs']).logits\n"
-        "print(m.config.layer_heads, m.config.layer_intermediate)\n"
-        "sys.exit(0 if torch.equal(out, r['logits']) else 3)\n"
-    )
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path / "elsewhere", env=env)
-    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-2000:]
-    assert "[0, 3, 0, 1] [4, 0, 0, 3]" in proc.stdout
+    out = logits_equal_without_compress(alone, inputs(), ref, tmp_path)
+    assert "[0, 3, 0, 1] [4, 0, 0, 3]" in out
 
 
 def test_exports_to_onnx_with_parity(tmp_path):

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -346,32 +347,9 @@ def test_saved_pruned_model_loads_with_remote_code_where_compress_is_not_importa
     inputs = tiny_inputs(model)
     with torch.no_grad():
         ref = model(**inputs).logits
-    torch.save({"inputs": inputs, "logits": ref}, tmp_path / "ref.pt")
-    code = (
-        "import sys\n"
-        "sys.modules['compress'] = None  # any import of compress fails\n"
-        "import torch\n"
-        "from transformers import AutoModelForSequenceClassification\n"
-        "try:\n"
-        "    import compress  # noqa\n"
-        "    sys.exit(4)\n"
-        "except ImportError:\n"
-        "    pass\n"
-        f"m = AutoModelForSequenceClassification.from_pretrained({str(alone)!r},\n"
-        "                                                       trust_remote_code=True).eval()\n"
-        f"r = torch.load({str(tmp_path / 'ref.pt')!r})\n"
-        "with torch.no_grad():\n"
-        "    out = m(**r['inputs']).logits\n"
-        "print(type(m).__module__, type(m).__name__, m.config.layer_heads)\n"
-        "sys.exit(0 if torch.equal(out, r['logits']) else 3)\n"
-    )
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path / "elsewhere", env=env)
-    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-2000:]
-    assert "transformers_modules" in proc.stdout
-    assert f"ForSequenceClassification {model.config.layer_heads}" in proc.stdout
+    out = logits_equal_without_compress(alone, inputs, ref, tmp_path)
+    assert "transformers_modules" in out
+    assert f"ForSequenceClassification {model.config.layer_heads}" in out
 
 
 def test_pruning_a_pruned_model_again_prunes_what_is_left(tmp_path):
@@ -406,3 +384,34 @@ def test_compress_bert_folders_saved_before_the_loading_code_travelled_still_loa
     ids = torch.randint(5, 500, (2, 9))
     with torch.no_grad():
         assert torch.equal(again(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def logits_equal_without_compress(folder, inputs: dict, logits: torch.Tensor, tmp_path) -> str:
+    """Load ``folder`` with ``trust_remote_code`` in a process where compress cannot be imported, run
+    ``inputs``, fail unless its logits equal ``logits``; returns what the process printed (module and
+    class of the model, its layer_heads and layer_intermediate)."""
+    torch.save({"inputs": inputs, "logits": logits}, tmp_path / "ref.pt")
+    code = (
+        "import sys\n"
+        "sys.modules['compress'] = None  # any import of compress fails\n"
+        "import torch\n"
+        "from transformers import AutoModelForSequenceClassification\n"
+        "try:\n"
+        "    import compress  # noqa\n"
+        "    sys.exit(4)\n"
+        "except ImportError:\n"
+        "    pass\n"
+        f"m = AutoModelForSequenceClassification.from_pretrained({str(folder)!r},\n"
+        "                                                       trust_remote_code=True).eval()\n"
+        f"r = torch.load({str(tmp_path / 'ref.pt')!r})\n"
+        "with torch.no_grad():\n"
+        "    out = m(**r['inputs']).logits\n"
+        "print(type(m).__module__, type(m).__name__, m.config.layer_heads, m.config.layer_intermediate)\n"
+        "sys.exit(0 if torch.equal(out, r['logits']) else 3)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(folder).parent, env=env)
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-2000:]
+    return proc.stdout
