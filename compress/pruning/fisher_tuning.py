@@ -87,6 +87,26 @@ def _tokens(x: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _layer_calls(model: nn.Module, layers, batches: list[dict[str, torch.Tensor]]
+                 ) -> list[list[tuple[tuple, dict]]]:
+    """Per batch, each layer's call arguments from one dense pass: layer 0's positional arguments,
+    the others' without their hidden states (those come from the streams), and every keyword."""
+    calls: list[list[tuple[tuple, dict]]] = []
+    hooks = [lay.module.register_forward_pre_hook(
+        lambda m, a, k: calls[-1].append((a if not calls[-1] else (None,) + a[1:], k)), with_kwargs=True)
+        for lay in layers]
+    try:
+        for batch in batches:
+            calls.append([])
+            model(**split_labels(batch)[0])
+            if len(calls[-1]) != len(layers):
+                raise ModelError(f"expected one call per layer, got {len(calls[-1])} for {len(layers)}")
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls
+
+
 @torch.no_grad()
 def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Tensor]],
                              keep_heads: list[list[int]], keep_neurons: list[list[int]],
@@ -97,9 +117,11 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
     fitted scale for kept ones), and per layer the squared output error at scale 1 and tuned
     (``attn_error``, ``ffn_error``: [before, after]). ``bound``: every scale stays in ``[-bound,
     bound]`` (``_bounded_solve``; None: unbounded); it must be >= 1, so that the fallback to 1
-    obeys it too. Memory: the dense attention and FFN outputs
-    of every layer, 2 x layers x tokens x hidden floats. ALBERT's shared layers are not tuned
-    (one set of scales would serve every pass): scales stay 1 and ``skipped`` says so.
+    obeys it too. Memory: the tuned and the dense hidden states entering the current layer
+    and that layer's dense attention and FFN outputs (real tokens only), about 4 x tokens x hidden
+    floats whatever the depth (BERT-base, 512 sequences of 384 tokens: about 2.4 GB). ALBERT's
+    shared layers are not tuned (one set of scales would serve every pass): scales stay 1 and
+    ``skipped`` says so.
     """
     if bound is not None and not bound >= 1:
         raise UsageError(f"bound must be >= 1 (a scale of 1 is the untuned mask), got {bound}")
@@ -119,33 +141,13 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
     model.eval()
     device = next(model.parameters()).device
     batches = [to_device(b, device) for b in batches]
-    # dense pass: each layer's inputs (layer 0's hidden states; the other arguments of every
-    # layer) and its attention / FFN outputs, the targets
-    calls: list[list[tuple[tuple, dict]]] = []
-    targets: list[dict[tuple[int, str], torch.Tensor]] = []
-    hooks = []
-    for lay in layers:
-        hooks.append(lay.module.register_forward_pre_hook(
-            # only layer 0's hidden states are kept: the others come from the tuned stream
-            lambda m, a, k: calls[-1].append((a if not calls[-1] else (None,) + a[1:], k)),
-            with_kwargs=True))
-        for role in ("attn_out", "ffn_out"):
-            hooks.append(lay.linears[role].register_forward_hook(
-                lambda m, a, out, key=(lay.index, role): targets[-1].__setitem__(key, out)))
-    try:
-        for batch in batches:
-            calls.append([])
-            targets.append({})
-            model(**split_labels(batch)[0])
-            if len(calls[-1]) != len(layers):
-                raise ModelError(f"expected one call per layer, got {len(calls[-1])} for {len(layers)}")
-    finally:
-        for h in hooks:
-            h.remove()
-    stream = [c[0][0][0] for c in calls]
+    calls = _layer_calls(model, layers, batches)
+    stream = [c[0][0][0] for c in calls]  # the tuned model's hidden states entering the layer
+    dense_stream = list(stream)  # the dense model's
 
-    def replay(lay, b, capture=None):
-        """Run layer ``lay`` on the tuned stream; with ``capture``, stop at that role's input."""
+    def replay(lay, b, capture=None, hidden=None):
+        """Run layer ``lay`` on the tuned stream (or ``hidden``); with ``capture``, stop at that
+        role's input."""
         args, kwargs = calls[b][lay.index]
         handle = None
         if capture:
@@ -153,7 +155,7 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
                 raise _Stop(a[0])
             handle = lay.linears[capture].register_forward_pre_hook(grab)
         try:
-            out = lay.module(stream[b], *args[1:], **kwargs)
+            out = lay.module(stream[b] if hidden is None else hidden, *args[1:], **kwargs)
             return out[0] if isinstance(out, tuple) else out
         except _Stop as stop:
             return stop.args[0]
@@ -161,9 +163,29 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
             if handle is not None:
                 handle.remove()
 
+    def dense_targets(lay) -> list[dict[str, torch.Tensor]]:
+        """The dense layer's attention / FFN outputs (real tokens only) per batch; advances the
+        dense stream. One layer's targets at a time: memory stays at a few activations' worth."""
+        kept = heads[lay.index], neurons[lay.index]
+        heads[lay.index], neurons[lay.index] = torch.ones_like(kept[0]), torch.ones_like(kept[1])
+        out: list[dict[str, torch.Tensor]] = []
+        hooks = [lay.linears[role].register_forward_hook(
+            lambda m, a, o, role=role: out[-1].__setitem__(role, _tokens(o, batches[len(out) - 1])))
+            for role in ("attn_out", "ffn_out")]
+        try:
+            for b in range(len(batches)):
+                out.append({})
+                dense_stream[b] = replay(lay, b, hidden=dense_stream[b])
+        finally:
+            for h in hooks:
+                h.remove()
+            heads[lay.index], neurons[lay.index] = kept
+        return out
+
     try:
         with unit_masks(model, heads, neurons):
             for lay in layers:
+                targets = dense_targets(lay)
                 for role, values, width in (("attn_out", heads, d), ("ffn_out", neurons, 1)):
                     kept = values[lay.index].nonzero().squeeze(1)
                     if len(kept) == 0:  # the whole block goes: nothing to tune
@@ -178,7 +200,7 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
                     for b, batch in enumerate(batches):
                         x = _tokens(replay(lay, b, role), batch).float()
                         x = x.view(x.shape[0], -1, width)[:, kept]  # [tokens, kept, width]
-                        r = _tokens(targets[b][(lay.index, role)], batch).float()
+                        r = targets[b][role].float()
                         if bias is not None:
                             r = r - bias.detach().float()
                         g, rh = _normal_equations(x, w_k, r)
