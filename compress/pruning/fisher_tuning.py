@@ -87,6 +87,28 @@ def _tokens(x: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _fit_scales(linear: nn.Linear, width: int, kept: torch.Tensor, inputs, targets: list[torch.Tensor],
+                damping: float, bound: float | None) -> tuple[torch.Tensor, float, float]:
+    """Scales of the ``kept`` units (groups of ``width`` input columns of ``linear``) whose scaled
+    contributions best match ``targets`` (the dense outputs, ``[tokens, out]`` per batch), from the
+    pruned model's ``inputs`` (``[tokens, in]`` per batch); see ``_solve``."""
+    w = linear.weight.detach().float()
+    w_k = w.view(w.shape[0], -1, width)[:, kept]  # [hidden, kept, width]
+    gram = torch.zeros(len(kept), len(kept), dtype=torch.float64, device=w.device)
+    rhs = torch.zeros(len(kept), dtype=torch.float64, device=w.device)
+    const = 0.0
+    for x, r in zip(inputs, targets):
+        x = x.float().view(x.shape[0], -1, width)[:, kept]  # [tokens, kept, width]
+        r = r.float()
+        if linear.bias is not None:
+            r = r - linear.bias.detach().float()
+        g, rh = _normal_equations(x, w_k, r)
+        gram += g.double()
+        rhs += rh.double()
+        const += float((r.double() ** 2).sum())
+    return _solve(gram, rhs, const, damping, bound)
+
+
 def _layer_calls(model: nn.Module, layers, batches: list[dict[str, torch.Tensor]]
                  ) -> list[list[tuple[tuple, dict]]]:
     """Per batch, each layer's call arguments from one dense pass: layer 0's positional arguments,
@@ -191,23 +213,9 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
                     if len(kept) == 0:  # the whole block goes: nothing to tune
                         report["attn_error" if role == "attn_out" else "ffn_error"].append(None)
                         continue
-                    w = lay.linears[role].weight.detach().float()
-                    bias = lay.linears[role].bias
-                    w_k = w.view(w.shape[0], -1, width)[:, kept]  # [hidden, kept, width]
-                    gram = torch.zeros(len(kept), len(kept), dtype=torch.float64, device=w.device)
-                    rhs = torch.zeros(len(kept), dtype=torch.float64, device=w.device)
-                    const = 0.0
-                    for b, batch in enumerate(batches):
-                        x = _tokens(replay(lay, b, role), batch).float()
-                        x = x.view(x.shape[0], -1, width)[:, kept]  # [tokens, kept, width]
-                        r = targets[b][role].float()
-                        if bias is not None:
-                            r = r - bias.detach().float()
-                        g, rh = _normal_equations(x, w_k, r)
-                        gram += g.double()
-                        rhs += rh.double()
-                        const += float((r.double() ** 2).sum())
-                    scales, before, after = _solve(gram, rhs, const, damping, bound)
+                    inputs = (_tokens(replay(lay, b, role), batch) for b, batch in enumerate(batches))
+                    scales, before, after = _fit_scales(lay.linears[role], width, kept, inputs,
+                                                        [t[role] for t in targets], damping, bound)
                     values[lay.index][kept] = scales.float().cpu()
                     report["attn_error" if role == "attn_out" else "ffn_error"].append([before, after])
                 for b in range(len(batches)):
