@@ -63,6 +63,27 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that ``exc`` was raised while handling (``__context__`` /
+    ``__cause__``), if any: a library that catches the interrupt mid-write (torch.save's zip
+    writer) raises its own error from it."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _stopped(command: str, exc: KeyboardInterrupt) -> int:
+    """One line for an interrupted run; 143 for SIGTERM, 130 for Ctrl-C."""
+    what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+    print(f"compress {command}: {what} (a run that saved a checkpoint is kept; "
+          "continue it with the same command plus --resume)", file=sys.stderr)
+    return 143 if isinstance(exc, Terminated) else 130
+
+
 # Flags naming a model that a command loads: checked before any heavy import, so an unknown name
 # with no hub to ask answers in a second or two (compress.models.loading.resolve_model).
 MODEL_FLAGS = {"finetune": ("model",), "eval": ("model",), "prune": ("model", "teacher"),
@@ -165,13 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        print(f"compress {args.command}: {what} (a run that saved a checkpoint is kept; "
-              "continue it with the same command plus --resume)", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
-    except OSError as exc:  # disk full, permission denied: the environment, not a bug -> one line
-        print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
-        return 1
+        return _stopped(args.command, exc)
+    except Exception as exc:  # a signal inside a library call (torch.save) that re-raised it as another error
+        stop = interrupt_behind(exc)
+        if stop is None:
+            if isinstance(exc, OSError):  # disk full, permission denied: the environment -> one line
+                print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+                return 1
+            raise
+        return _stopped(args.command, stop)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
