@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from compress.core.config import check_sparsity
-from compress.core.errors import UsageError
+from compress.core.errors import ModelError, UsageError
 from compress.models.architectures import encoder_layers, layout_for
 from compress.pruning.criteria import Criterion, LayerStats, unstructured
 from compress.pruning.masks import NMPattern, get_scope, keep_mask_flat, n_pruned, nm_mask
@@ -96,6 +96,22 @@ def _model_inputs(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS}
 
 
+def _token_rows(x: torch.Tensor, mask: torch.Tensor | None, name: str) -> tuple[torch.Tensor, int]:
+    """(rows ``[n, in]`` of a Linear's input, the weight of each row). The batch's tokens: padding
+    dropped, weight 1. An input that is not per token (DeBERTa's relative-position embeddings, run
+    through the shared query/key projections once per batch): every row weighs the batch size, as
+    every example sees them, so the statistics do not depend on how the examples are batched."""
+    if mask is None:
+        return x.reshape(-1, x.shape[-1]).float(), 1
+    if x.ndim == 3 and tuple(x.shape[:2]) == tuple(mask.shape):
+        return x[mask].float(), 1  # [tokens, in]: padding positions dropped
+    if x.ndim == 3 and x.shape[0] == mask.shape[0]:
+        raise ModelError(f"{name} sees {x.shape[1]} of the batch's {mask.shape[1]} positions at a time "
+                         "(chunk_size_feed_forward?): its padding cannot be told apart; load the model with "
+                         "chunk_size_feed_forward=0")
+    return x.reshape(-1, x.shape[-1]).float(), int(mask.shape[0])
+
+
 def gather_stats(model: torch.nn.Module, batches: Sequence[dict], linears: dict[str, torch.nn.Linear],
                  needs: Iterable[str], stop_after: torch.nn.Module | None = None) -> dict[str, LayerStats]:
     """Run ``batches`` through ``model`` and gather, for each of ``linears`` (name -> Linear), the
@@ -107,19 +123,15 @@ def gather_stats(model: torch.nn.Module, batches: Sequence[dict], linears: dict[
 
     def hook_for(name: str):
         def hook(module, args):
-            x = args[0].detach()
-            mask = token_mask["mask"]
-            if x.ndim == 3 and mask is not None and tuple(x.shape[:2]) == tuple(mask.shape):
-                x = x[mask]  # [tokens, in]: padding positions dropped
-            x = x.reshape(-1, x.shape[-1]).float()
+            x, weight = _token_rows(args[0].detach(), token_mask["mask"], name)
             st = stats[name]
             if "input_gram" in needs:
-                g = (x.T @ x).double()
+                g = weight * (x.T @ x).double()
                 st.input_gram = g if st.input_gram is None else st.input_gram + g
             if "input_sq" in needs:
-                s = (x * x).sum(dim=0).double()
+                s = weight * (x * x).sum(dim=0).double()
                 st.input_sq = s if st.input_sq is None else st.input_sq + s
-            st.tokens += x.shape[0]
+            st.tokens += weight * x.shape[0]
         return hook
 
     def stop(module, args, output):

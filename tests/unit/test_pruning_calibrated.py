@@ -368,3 +368,34 @@ def test_calibration_draw_is_stratified_by_label_and_seeded():
     assert calibration_sample(5, 10, 0, [0, 1, 0, 1, 0]) == [0, 1, 2, 3, 4]
     multi = [(1.0, 0.0)] * 30 + [(0.0, 1.0)] * 3  # multi-label rows as tuples
     assert sum(multi[i] == (0.0, 1.0) for i in calibration_sample(33, 11, 0, multi)) == 1
+
+
+def test_deberta_shared_position_keys_give_statistics_that_do_not_depend_on_the_batch_size(tiny_encoder):
+    """With share_att_key the query/key projections also run on the relative-position embeddings,
+    once per forward: those rows weigh the batch size, so 8 examples in batches of 4 or of 2 give
+    the same statistics."""
+    from transformers import AutoModel
+
+    from compress.pruning.calibration import gather_stats
+
+    model = AutoModel.from_pretrained(tiny_encoder("deberta-v2")).eval()
+    assert model.config.share_att_key
+    layer = model.encoder.layer[0].attention.self
+    linears = {"query": layer.query_proj, "key": layer.key_proj, "value": layer.value_proj}
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (8, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[3, 8:] = 0
+
+    def stats(size):
+        batches = [{"input_ids": ids[i:i + size], "attention_mask": mask[i:i + size]}
+                   for i in range(0, 8, size)]
+        return gather_stats(model, batches, linears, ("input_gram", "input_sq"))
+
+    four, two = stats(4), stats(2)
+    for name in linears:
+        assert torch.allclose(four[name].input_gram, two[name].input_gram, rtol=1e-5, atol=1e-4), name
+        assert torch.allclose(four[name].input_sq, two[name].input_sq, rtol=1e-5, atol=1e-4), name
+        assert four[name].tokens == two[name].tokens
+    # value_proj sees tokens only: 8 x 12 positions less the 4 padded ones
+    assert four["value"].tokens == 8 * 12 - 4
