@@ -24,7 +24,7 @@ count 1..H for H <= 16 (a grid above), ``F`` on a grid of widths denser at small
 Timing noise must not make fewer units look slower, so both grids are fitted monotone
 non-decreasing (isotonic regression, pool-adjacent-violators) and clipped at 0.
 
-* Families whose pruned classes cannot build an empty block (``supports_empty_blocks``) are
+* Families whose pruned classes cannot build an empty block (``modeling_pruned.can_empty_blocks``) are
   measured against the smallest layer instead: ``A(h) = T1(h, 1) - T1(1, 1)``, ``F(w) = T1(1, w) -
   T1(1, 1)`` and ``layer_fixed = T1(1, 1) - T0`` (so ``A(1) = F(1) = 0`` and the smallest blocks'
   time sits in ``layer_fixed``). The table's ``reference`` says which ("empty" or "smallest"); a
@@ -334,13 +334,6 @@ def arch_shape(config) -> ArchShape:
                      int(config.vocab_size), str(act))
 
 
-def supports_empty_blocks(model_type: str) -> bool:
-    """Whether the pruned classes of ``model_type`` build a layer with no head or no FFN neuron."""
-    from compress.models.modeling_pruned import can_empty_blocks
-
-    return can_empty_blocks(model_type)
-
-
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
@@ -595,6 +588,7 @@ def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, s
     """
     from compress.core.config import check_range
     from compress.core.runs import write_json
+    from compress.models.modeling_pruned import can_empty_blocks
 
     rt = check_runtime(runtime)
     check_range("batch", batch, 1)
@@ -605,7 +599,7 @@ def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, s
     threads = threads or torch.get_num_threads()
     heads = _grid(head_points, head_grid(shape.heads), shape.heads, "head")
     widths = _grid(width_points, width_grid(shape.ffn), shape.ffn, "width")
-    reference = "empty" if supports_empty_blocks(shape.model_type) else "smallest"
+    reference = "empty" if can_empty_blocks(shape.model_type) else "smallest"
     key = cache_key(shape, rt, batch, seq_len, threads, heads, widths, reference)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = cache_file(folder, key)
