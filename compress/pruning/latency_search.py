@@ -49,11 +49,17 @@ class BlockOptions:
     loss: tuple[float, ...]
 
 
+def keep_order(importance: torch.Tensor) -> torch.Tensor:
+    """Unit indices, most important first (ties: lower index first): a block keeping k units keeps
+    the first k, one removing r units removes the last r."""
+    return torch.argsort(-importance.double(), stable=True)
+
+
 def removal_losses(grads: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
     """``[n + 1]``: entry r = ``sum_i (g_i . z_r)^2``, the block-Fisher loss estimate of removing the
-    r least important units (``importance`` ascending; ties: lower index first). ``grads``:
-    ``[examples, n]`` per-example gradients of the loss with respect to the block's unit masks."""
-    order = torch.argsort(importance.double(), stable=True)
+    r least important units (the last r of ``keep_order``). ``grads``: ``[examples, n]`` per-example
+    gradients of the loss with respect to the block's unit masks."""
+    order = keep_order(importance).flip(0)
     partial_sums = torch.cumsum(grads.double()[:, order], dim=1)  # [examples, n]
     losses = partial_sums.pow(2).sum(0)
     return torch.cat([torch.zeros(1, dtype=torch.float64), losses])
@@ -139,6 +145,5 @@ def brute_force(blocks: Sequence[BlockOptions], budget_ms: float) -> tuple[list[
 
 
 def top_units(importance: torch.Tensor, k: int) -> list[int]:
-    """The ``k`` most important units' indices, sorted (ties: lower index first)."""
-    order = torch.argsort(-importance.double(), stable=True)[:k]
-    return sorted(order.tolist())
+    """The ``k`` most important units' indices (the first k of ``keep_order``), sorted."""
+    return sorted(keep_order(importance)[:k].tolist())

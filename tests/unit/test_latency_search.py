@@ -219,3 +219,17 @@ def test_blocks_are_kept_where_the_architecture_cannot_remove_them(tiny_encoder)
     report = prune_to_speedup(model, _batches(2), table, 1.3, tune=False)
     assert report["blocks_removable"] is False
     assert min(layer_sizes(model)["heads"]) >= 1 and min(layer_sizes(model)["ffn"]) >= 1
+
+
+def test_the_loss_of_a_count_is_the_loss_of_removing_exactly_the_units_not_kept():
+    """Ties included: the units a count keeps (top_units) and those its loss estimate removes are
+    complements."""
+    from compress.pruning.latency_search import top_units
+
+    importance = torch.tensor([1.0, 2.0, 1.0, 1.0, 3.0])  # three tied units
+    grads = torch.tensor([[1.0, 0.0, 2.0, 4.0, 0.0], [0.0, 1.0, -1.0, 1.0, 1.0]])
+    losses = removal_losses(grads, importance)
+    for k in range(6):
+        removed = torch.ones(5, dtype=torch.bool)
+        removed[top_units(importance, k)] = False
+        assert losses[5 - k].item() == pytest.approx(removal_cost(grads, removed)), k
