@@ -13,13 +13,16 @@ A *role* names what a matrix does in an encoder layer, whatever the architecture
 ``attn_out`` attention output, ``[hidden, heads * head_dim]`` (columns grouped by head)
 ``ffn_in``  FFN input, ``[ffn, hidden]``; gated (GLU) FFNs stack input and gate rows:
             ``[2 * ffn, hidden]``, neuron j owning rows j and ffn + j
+``ffn_gate`` a gated FFN's separate gate projection, ``[ffn, hidden]`` (found by discovery only)
 ``ffn_out`` FFN output, ``[hidden, ffn]`` (neuron j owns column j)
 ==========  ==========================================================================
 
 plus ``word_embeddings`` outside the layers. Names are *canonical* (relative to the base model, see
 ``compress.pruning.targets.canonical_name``). Pruning targets, ``--include role:NAME``, the
-sparsity report, structured pruning and FLOPs all read this table; an architecture outside it is
-refused with the list of supported ones (``--include`` can still name targets by hand).
+sparsity report, structured pruning and FLOPs all read this table. An architecture outside it gets
+a layout found from its structure and one hooked forward pass (``compress.models.discovery``); one
+the discovery cannot read is refused, saying what was not found (``--include`` can still name
+targets by hand).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from dataclasses import dataclass, field
 import torch
 
 from compress.core.errors import ModelError, UsageError
+from compress.models.discovery import discover
 
-ROLES = ("query", "key", "value", "qkv", "pos_query", "pos_key", "attn_out", "ffn_in", "ffn_out")
+ROLES = ("query", "key", "value", "qkv", "pos_query", "pos_key", "attn_out", "ffn_gate", "ffn_in",
+         "ffn_out")
 # roles whose rows are grouped by head, and the one whose columns are
 HEAD_ROW_ROLES = ("query", "key", "value", "qkv", "pos_query", "pos_key")
 QKV_PARTS = ("query", "key", "value")
@@ -64,6 +69,8 @@ class EncoderLayout:
     ffn_config: str = "intermediate_size"
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    # True when found by compress.models.discovery rather than written in LAYOUTS
+    discovered: bool = False
 
     @property
     def fused_qkv(self) -> bool:
@@ -118,21 +125,48 @@ def base_model_type(model_type: str) -> str:
 
 
 def layout_for(model: torch.nn.Module) -> EncoderLayout:
-    """The role table of ``model``'s architecture; UsageError naming the supported ones if none."""
+    """The role table of ``model``'s architecture, or the layout discovery found; UsageError saying
+    what was not found otherwise."""
     layout = find_layout(model)
     if layout is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise UsageError(f"architecture '{model_type}' has no role table; supported: "
-                         f"{', '.join(SUPPORTED)}; name the matrices to prune by hand with --include "
-                         "(glob or re:REGEX)")
+        why = getattr(model, DISCOVERY_ATTR, (None, "it has no config"))[1]
+        raise UsageError(f"architecture '{model_type}' has no role table and its roles were not found: "
+                         f"{why}")
     return layout
 
 
+DISCOVERY_ATTR = "_compress_discovered_layout"
+
+
 def find_layout(model: torch.nn.Module) -> EncoderLayout | None:
+    """The role table of ``model``'s architecture; else the layout found by discovery (cached on the
+    model); None when discovery cannot read it (``layout_for`` says why)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type is None:
         return None
-    return _BY_MODEL_TYPE.get(model_type) or _BY_MODEL_TYPE.get(base_model_type(model_type))
+    table = _BY_MODEL_TYPE.get(model_type) or _BY_MODEL_TYPE.get(base_model_type(model_type))
+    if table is not None:
+        return table
+    cached = getattr(model, DISCOVERY_ATTR, None)
+    if cached is None:
+        cached = _discovered_layout(model, model_type)
+        object.__setattr__(model, DISCOVERY_ATTR, cached)
+    return cached[0]
+
+
+def _discovered_layout(model: torch.nn.Module, model_type: str) -> tuple[EncoderLayout | None, str]:
+    try:
+        found = discover(model)
+    except ModelError as err:
+        return None, str(err)
+    layout = EncoderLayout(model_type, (model_type,), found.layers, found.roles, found.attention,
+                           found.head_attrs, found.word_embeddings, glu=found.glu, ort_model_type=None,
+                           heads_config=found.heads_config, ffn_config=found.ffn_config,
+                           notes="roles found from the model's structure and a forward pass"
+                           + (f"; left dense: {', '.join(found.unassigned)}" if found.unassigned else ""),
+                           extra={"unassigned": found.unassigned}, discovered=True)
+    return layout, ""
 
 
 def canonical_name(model: torch.nn.Module, name: str) -> str:
@@ -187,8 +221,9 @@ def encoder_layers(model: torch.nn.Module, layout: EncoderLayout | None = None) 
                 raise ModelError(f"{path}.{sub} ({role}) is a {type(lin).__name__}, not a Linear")
             linears[role] = lin
         named = {id(v) for v in linears.values()}
+        left_dense = set(layout.extra.get("unassigned", ()))
         stray = [f"{path}.{n}" for n, mod in modules.items()
-                 if isinstance(mod, torch.nn.Linear) and id(mod) not in named]
+                 if isinstance(mod, torch.nn.Linear) and id(mod) not in named and n not in left_dense]
         if stray:
             raise ModelError(f"layer {path} has Linear modules the {layout.name} role table does not "
                              f"name: {', '.join(stray[:3])}")

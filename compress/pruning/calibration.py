@@ -34,7 +34,7 @@ import torch
 
 from compress.core.config import check_sparsity
 from compress.core.errors import ModelError, UsageError
-from compress.models.architectures import encoder_layers, layout_for
+from compress.models.architectures import encoder_layers, find_layout
 from compress.pruning.criteria import Criterion, LayerStats, unstructured
 from compress.pruning.masks import NMPattern, get_scope, keep_mask_flat, n_pruned, nm_mask
 from compress.pruning.pruner import check_pattern_fits
@@ -170,10 +170,16 @@ def _keep_from_scores(scores: torch.Tensor, count: int, pattern: NMPattern | Non
 
 def _layer_groups(model: torch.nn.Module, targets: dict[str, torch.nn.Parameter]):
     """[(layer module, {name: Linear})] in depth order for the targets inside encoder layers, and
-    the names of the other targets."""
-    layout = layout_for(model)
+    the names of the other targets. A model whose roles are unknown (its targets named by
+    ``--include``) is one group: every targeted Linear sees the dense model's inputs."""
+    layout = find_layout(model)
     name_of = {id(p): n for n, p in targets.items()}
     groups, inside = [], set()
+    if layout is None:
+        lins = {name_of[id(m.weight)]: m for m in model.modules()
+                if isinstance(m, torch.nn.Linear) and id(m.weight) in name_of}
+        groups = [(model, dict(sorted(lins.items())))] if lins else []
+        return None, groups, [n for n in targets if n not in lins]
     for layer in encoder_layers(model, layout):
         lins = {name_of[id(lin.weight)]: lin for lin in layer.linears.values() if id(lin.weight) in name_of}
         if lins:
@@ -246,7 +252,7 @@ def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Paramet
     was_training = model.training
     model.eval()
     layout, groups, others = _layer_groups(model, targets)
-    stop = not layout.shared_layers
+    stop = layout is not None and not layout.shared_layers
     forced = {n: ~m.bool().cpu() for n, m in (initial_masks or {}).items() if n in targets}
     g = torch.Generator().manual_seed(seed)
     counts = {n: n_pruned(p.numel(), sparsity) for n, p in targets.items()}
@@ -298,7 +304,8 @@ def prune_calibrated(model: torch.nn.Module, targets: dict[str, torch.nn.Paramet
               "sparsity": sparsity_reached,
               "masks_kept_outside_targets": sorted(carried),
               "calibration_batches": len(batches), "calibration_tokens": tokens,
-              "layer_passes": "sequential, each layer sees the pruned layers before it",
+              "layer_passes": ("sequential, each layer sees the pruned layers before it" if layout is not None
+                               else "one pass: every matrix sees the dense model's inputs (no role table)"),
               "outside_layers": {"criterion": "magnitude", "matrices": others},
               "seconds": round(time.time() - t0, 2),
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

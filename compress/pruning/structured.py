@@ -228,6 +228,14 @@ def prune_structured(model: nn.Module, sparsity: float,
             "importance": IMPORTANCE, **removal}
 
 
+def check_removable(model: nn.Module) -> EncoderLayout:
+    """The layout of ``model`` when its heads and FFN neurons can be removed physically and saved;
+    UsageError/ModelError naming what is missing otherwise (called before any data is read)."""
+    layout = _structured_layout(model)
+    _pruned_class(model)
+    return layout
+
+
 def _structured_layout(model: nn.Module) -> EncoderLayout:
     layout = find_layout(model)
     if layout is None:

@@ -29,6 +29,7 @@ from compress.pruning.calibration import calibration_sample
 from compress.pruning.integrity import MASKS_FILE, check_finite_parameters, load_masks
 from compress.pruning.masks import NMPattern
 from compress.pruning.pruner import check_pattern_fits, matching_masks
+from compress.pruning.structured import check_removable
 from compress.pruning.targets import select_targets
 from compress.recipes.finetune import evaluate_classifier, load_task_data
 from compress.recipes.prune import PruneConfig, pruning_meta, run_name, run_structured, save_pruned
@@ -109,6 +110,8 @@ def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
     """The matrices to prune (none with --structured; the word embeddings only where --include
     names them), checked against --pattern, and the masks of an already pruned ``--model`` (kept
     pruned, in every matrix); before any run folder exists."""
+    if cfg.structured:
+        check_removable(model)
     targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude,
                                                        word_embeddings=False)
     if cfg.pattern is not None:

@@ -61,20 +61,42 @@ def test_global_scope(arch, tiny_encoder, tmp_path):
     assert all(float((w == 0).float().mean()) > 0 for w in _layer_weights(out, arch).values())
 
 
-def test_an_unsupported_architecture_is_one_line_exit_2_nothing_written(tmp_path):
-    from transformers import AutoTokenizer, MPNetConfig, MPNetModel
+def _saved(folder, model):
+    from transformers import AutoTokenizer
 
     from compress.models.loading import packaged_model_path
 
-    folder = tmp_path / "mpnet"
-    MPNetModel(MPNetConfig(vocab_size=30527, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=32)).save_pretrained(folder)
+    model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(packaged_model_path("minilm")).save_pretrained(folder)
+    return folder
+
+
+def test_an_encoder_without_a_role_table_prunes_its_discovered_matrices_and_verifies(tmp_path):
+    from transformers import MPNetConfig, MPNetModel
+
+    folder = _saved(tmp_path / "mpnet", MPNetModel(MPNetConfig(
+        vocab_size=30527, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)))
+    out = tmp_path / "run"
+    assert main(["prune", "--model", str(folder), "--sparsity", "0.4", *FAST, "--out", str(out)]) == 0
+    weights = load_file(str(out / "model" / "model.safetensors"))
+    layer_weights = {k: w for k, w in weights.items() if re.search(r"encoder\.layer\.\d+\..*weight$", k)
+                     and w.ndim == 2}
+    assert len(layer_weights) == 12
+    for key, w in layer_weights.items():
+        assert abs(float((w == 0).float().mean()) - 0.4) < 0.01, key
+    assert main(["verify", str(out)]) == 0
+
+
+def test_an_encoder_discovery_cannot_read_is_one_line_exit_2_nothing_written(tmp_path):
+    from transformers import FNetConfig, FNetModel
+
+    folder = _saved(tmp_path / "fnet", FNetModel(FNetConfig(
+        vocab_size=30527, hidden_size=16, num_hidden_layers=1, intermediate_size=32)))
     out = tmp_path / "runs"
     r = run_cli("prune", "--model", str(folder), "--sparsity", "0.4", *FAST, "--out", str(out / "run"))
     assert r.returncode == 2, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert "'mpnet'" in last and "supported:" in last and "--include" in last
+    assert "'fnet'" in last and "attention head count" in last and "--include" in last
     assert not out.exists() or not any(out.iterdir())
 
 

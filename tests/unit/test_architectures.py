@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, MPNetConfig, MPNetModel
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    FNetConfig,
+    FNetModel,
+    MPNetConfig,
+    MPNetModel,
+)
 
 from compress.core.errors import ModelError, UsageError
 from compress.measure.sparsity import format_sparsity_table, sparsity_report
@@ -128,17 +135,33 @@ def _mpnet():
                                   intermediate_size=32, max_position_embeddings=40))
 
 
-def test_an_architecture_outside_the_table_is_refused_naming_the_supported_ones():
+def _fnet():  # no self-attention: role discovery cannot read it
+    return FNetModel(FNetConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1, intermediate_size=32,
+                                max_position_embeddings=40))
+
+
+def test_an_architecture_outside_the_table_gets_its_roles_discovered():
+    model = _mpnet()
+    targets = select_targets(model)
+    layer = "encoder.layer.0."
+    assert sorted(targets) == ["embeddings.word_embeddings.weight"] + sorted(
+        f"{layer}{sub}.weight" for sub in ("attention.attn.q", "attention.attn.k", "attention.attn.v",
+                                           "attention.attn.o", "intermediate.dense", "output.dense"))
+    assert list(select_targets(model, include=("role:value",), word_embeddings=False)) == sorted(
+        set(targets) - {"embeddings.word_embeddings.weight"})
+
+
+def test_an_architecture_discovery_cannot_read_is_refused_saying_what_is_missing():
     with pytest.raises(UsageError) as e:
-        select_targets(_mpnet())
+        select_targets(_fnet())
     msg = str(e.value)
-    assert "'mpnet'" in msg and "modernbert" in msg and "deberta-v2" in msg and "--include" in msg
+    assert "'fnet'" in msg and "attention head count" in msg and "--include" in msg and "\n" not in msg
 
 
 def test_an_architecture_outside_the_table_prunes_what_include_names():
-    model = _mpnet()
-    t = select_targets(model, include=("re:layer\\.0\\.attention\\.attn\\.q\\.weight",))
-    assert list(t) == ["encoder.layer.0.attention.attn.q.weight"]
+    model = _fnet()
+    t = select_targets(model, include=("re:layer\\.0\\.output\\.dense\\.weight",))
+    assert list(t) == ["encoder.layer.0.output.dense.weight"]
     with pytest.raises(UsageError, match="no role table"):
         select_targets(model, include=("role:query",))
 

@@ -1,0 +1,232 @@
+"""Find the role matrices of an encoder that has no role table, from its structure and forward pass.
+
+For a model outside ``compress.models.architectures.LAYOUTS`` this reads, without relying on
+module names:
+
+1. the encoder's repeated layers: the ModuleList of identical modules holding the most parameters;
+2. in its first layer, every Linear's shape, against the config's hidden size, head count, head
+   size and FFN width;
+3. one forward pass on a short dummy batch with hooks on that layer's Linears: the call order and
+   which Linears read the same tensor (query, key and value do; so do an FFN's input and gate);
+4. one forward pass per query/key/value candidate with its output zeroed: the value projection is
+   the one whose zeroing zeroes the attention output projection's input (zeroing a query or key
+   only makes the attention uniform). Query and key play the same part for every method here
+   (scores = q k^T); they are told apart by name where the names say, by call order otherwise.
+
+Linears of a layer outside these roles (adapters, global-attention or entity projections) are
+left dense and listed (``Discovered.unassigned``). Names break ties only (query before key, gate
+before up). A model the discovery cannot read fully raises ModelError naming what was not found;
+it runs on the loaded model, before any data is read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compress.core.errors import ModelError
+
+HEADS_CONFIG = ("num_attention_heads", "n_heads", "num_heads", "encoder_attention_heads")
+FFN_CONFIG = ("intermediate_size", "hidden_dim", "ffn_dim", "encoder_ffn_dim", "d_ff")
+HINT = ("name the matrices to prune with --include (glob or re:REGEX)")
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What the discovery found, in the terms of ``EncoderLayout`` (paths relative to the base model)."""
+
+    layers: str
+    roles: dict
+    attention: str
+    head_attrs: dict
+    word_embeddings: str
+    heads_config: str
+    ffn_config: str
+    glu: bool
+    unassigned: tuple[str, ...] = ()
+
+
+def _config_value(config, names: tuple[str, ...], what: str) -> tuple[str, int]:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return name, value
+    raise ModelError(f"its config names no {what} (looked for {', '.join(names)}); {HINT}")
+
+
+def _layer_stack(base: nn.Module) -> tuple[str, nn.ModuleList]:
+    best = None
+    for path, module in base.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        kinds = {type(child) for child in module}
+        if len(kinds) != 1 or not any(isinstance(m, nn.Linear) for m in module[0].modules()):
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if best is None or size > best[0]:
+            best = (size, path, module)
+    if best is None:
+        raise ModelError(f"no stack of repeated encoder layers (a ModuleList of identical modules with "
+                         f"Linear layers) was found; {HINT}")
+    return best[1], best[2]
+
+
+def _dummy_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
+    vocab = getattr(model.config, "vocab_size", None) or 100
+    device = next(model.parameters()).device
+    ids = torch.arange(8, device=device).repeat(2, 1) % max(vocab - 4, 1) + min(3, vocab - 1)
+    ids[1, 5:] = ids[1, :3]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _run(model: nn.Module, linears: dict[str, nn.Linear], zero: str | None = None) -> dict:
+    """One forward pass; per Linear of the layer its first call: order, input tensor, output."""
+    seen: dict[str, dict] = {}
+    hooks = []
+    for sub, lin in linears.items():
+        def hook(module, args, output, sub=sub):
+            if sub not in seen:
+                seen[sub] = {"order": len(seen), "input": args[0] if args else None}
+            return torch.zeros_like(output) if sub == zero else None
+        hooks.append(lin.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(**_dummy_inputs(model))
+    except Exception as err:  # noqa: BLE001 - any failure means the model cannot be read this way
+        raise ModelError(f"a forward pass on a dummy batch failed ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:120]}); {HINT}") from err
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def _same_input(calls: dict, subs: list[str]) -> list[list[str]]:
+    """``subs`` grouped by the tensor they read (the same tensor, or equal values: a copy or a
+    transposed view made per call), in call order."""
+    groups: list[list[str]] = []
+    for sub in sorted(subs, key=lambda s: calls[s]["order"]):
+        x = calls[sub]["input"]
+        for group in groups:
+            y = calls[group[0]]["input"]
+            if x is y or (x.shape == y.shape and (x.data_ptr() == y.data_ptr() or torch.equal(x, y))):
+                group.append(sub)
+                break
+        else:
+            groups.append([sub])
+    return groups
+
+
+def _by_hint(subs: list[str], hints: tuple[str, ...]) -> list[str]:
+    """``subs`` ordered with the first whose last name part matches a hint first (stable)."""
+    def rank(sub: str) -> int:
+        last = sub.rsplit(".", 1)[-1].lower()
+        return next((i for i, h in enumerate(hints) if re.search(h, last)), len(hints))
+    return sorted(subs, key=rank)
+
+
+def _common_parent(paths: list[str]) -> str:
+    parts = [p.split(".")[:-1] for p in paths]
+    common = []
+    for items in zip(*parts):
+        if len(set(items)) != 1:
+            break
+        common.append(items[0])
+    return ".".join(common)
+
+
+def discover(model: nn.Module) -> Discovered:
+    """The roles of ``model``'s encoder (see the module docstring); ModelError when not found."""
+    config = model.config
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "dim", None)
+    if not isinstance(hidden, int):
+        raise ModelError(f"its config names no hidden size; {HINT}")
+    heads_config, heads = _config_value(config, HEADS_CONFIG, "attention head count")
+    ffn_config, ffn = _config_value(config, FFN_CONFIG, "FFN width")
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "attention_head_size", None) \
+        or hidden // heads
+    width = heads * head_dim
+    base = model.base_model
+    stack_path, stack = _layer_stack(base)
+    linears = {sub: m for sub, m in stack[0].named_modules() if isinstance(m, nn.Linear)}
+    was_training = model.training
+    model.eval()
+    try:
+        calls = _run(model, linears)
+        roles = _attention_roles(model, linears, calls, hidden, width)
+    finally:
+        model.train(was_training)
+    ffn_roles, glu = _ffn_roles(linears, calls, hidden, ffn, set(roles.values()))
+    roles.update(ffn_roles)
+    # Linears outside the roles (adapters, global-attention or entity projections, convolution
+    # kernels) are left dense: the layout lists them so that nothing else treats them as forgotten
+    unassigned = tuple(sorted(set(linears) - set(roles.values())))
+    attention = _common_parent([p for r, p in roles.items() if r in ("query", "key", "value", "qkv")])
+    attn_module = stack[0].get_submodule(attention) if attention else stack[0]
+    head_attrs = {a: "heads" for a, v in vars(attn_module).items()
+                  if isinstance(v, int) and not isinstance(v, bool) and v == heads and "head" in a}
+    embeddings = base.get_input_embeddings()
+    emb_path = next((p for p, m in base.named_modules() if m is embeddings), None)
+    if emb_path is None:
+        raise ModelError(f"the word embeddings were not found in the base model; {HINT}")
+    return Discovered(rf"{re.escape(stack_path)}\.(\d+)", roles, attention, head_attrs, emb_path,
+                      heads_config, ffn_config, glu, unassigned)
+
+
+def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, width: int) -> dict:
+    called = [s for s in linears if s in calls]
+    fused = [s for s in called if linears[s].in_features == hidden and linears[s].out_features == 3 * width]
+    if len(fused) == 1:
+        qkv_order = calls[fused[0]]["order"]
+        out = [s for s in called if linears[s].in_features == width and linears[s].out_features == hidden
+               and calls[s]["order"] > qkv_order]
+        if not out:
+            raise ModelError(f"a fused QKV projection ({fused[0]}) but no attention output projection "
+                             f"was found; {HINT}")
+        return {"qkv": fused[0], "attn_out": min(out, key=lambda s: calls[s]["order"])}
+    cands = [s for s in called if linears[s].in_features == hidden and linears[s].out_features == width]
+    group = next((g for g in _same_input(calls, cands) if len(g) == 3), None)
+    if group is None:
+        raise ModelError(f"no query, key and value projections ({hidden} -> {width}, reading the same "
+                         f"input) were found in the first layer; {HINT}")
+    last = max(calls[s]["order"] for s in group)
+    outs = sorted((s for s in called if s not in group and linears[s].in_features == width
+                   and linears[s].out_features == hidden and calls[s]["order"] > last),
+                  key=lambda s: calls[s]["order"])
+    if not outs:
+        raise ModelError(f"no attention output projection ({width} -> {hidden}) was found after the "
+                         f"query/key/value projections; {HINT}")
+    attn_out = outs[0]
+    value = []
+    for sub in group:
+        zeroed = _run(model, linears, zero=sub)
+        if bool((zeroed[attn_out]["input"] == 0).all()):
+            value.append(sub)
+    if len(value) != 1:  # a kernel that hides the zeros (e.g. an approximate attention): names decide
+        value = [s for s in group if re.search(r"^v|value", s.rsplit(".", 1)[-1].lower())]
+    if len(value) != 1:
+        raise ModelError(f"the value projection among {', '.join(group)} could not be told apart "
+                         f"(zeroing {len(value)} of them zeroed the attention output's input); {HINT}")
+    query, key = _by_hint([s for s in group if s != value[0]], (r"^q|query", r"^k|key"))
+    return {"query": query, "key": key, "value": value[0], "attn_out": attn_out}
+
+
+def _ffn_roles(linears: dict, calls: dict, hidden: int, ffn: int, taken: set) -> tuple[dict, bool]:
+    free = [s for s in linears if s in calls and s not in taken]
+    outs = [s for s in free if linears[s].out_features == hidden and linears[s].in_features in (ffn, 2 * ffn)]
+    ins = [s for s in free if linears[s].in_features == hidden and linears[s].out_features in (ffn, 2 * ffn)]
+    if len(outs) != 1 or not ins:
+        raise ModelError(f"no FFN input and output projections ({hidden} -> {ffn} -> {hidden}) were "
+                         f"found in the first layer; {HINT}")
+    ffn_out = outs[0]
+    if len(ins) == 1:
+        glu = linears[ins[0]].out_features == 2 * linears[ffn_out].in_features
+        return {"ffn_in": ins[0], "ffn_out": ffn_out}, glu
+    pair = next((g for g in _same_input(calls, ins) if len(g) == 2), None)
+    if pair is None:
+        raise ModelError(f"FFN input projections {', '.join(ins)} do not read one input; {HINT}")
+    gate, up = _by_hint(pair, (r"gate|^w1$", r"up|^w3$"))
+    return {"ffn_gate": gate, "ffn_in": up, "ffn_out": ffn_out}, False

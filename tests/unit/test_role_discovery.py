@@ -1,0 +1,236 @@
+"""Role discovery on every encoder type of the installed transformers, built tiny with ``from_config``.
+
+The types come from transformers' auto mappings: those with both a masked-LM and a
+sequence-classification class, not encoder-decoders, whose config names an attention head count.
+Each is built tiny (no download) and run once; a type whose tiny build or plain forward fails is
+"not buildable offline" and left out of the count. Every other type either prunes one-shot with
+SparseGPT and Wanda at 50% (every discovered matrix at 50%) or is refused in one line before any
+data is read. The outcomes are printed, so a new transformers release shows what it added.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers
+from transformers.models.auto import modeling_auto
+
+from compress.api.functions import prune_model
+from compress.core.errors import CompressError
+from compress.models.architectures import LAYOUTS, encoder_layers, find_layout, layout_for
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37,
+        "vocab_size": 128, "embedding_size": 32, "pooler_hidden_size": 32, "head_dim": 8,
+        "entity_vocab_size": 16, "max_position_embeddings": 64}
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id",
+             "mask_token_id")
+
+
+def encoder_types() -> list[str]:
+    mlm = modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    seq = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    return sorted(set(mlm) & set(seq))
+
+
+def tiny_model(model_type: str) -> torch.nn.Module:
+    """A tiny random classifier of ``model_type``; raises when this type cannot be built so."""
+    config = transformers.AutoConfig.for_model(model_type)
+    for key, value in TINY.items():
+        if getattr(config, key, None) is not None:
+            setattr(config, key, value)
+    for i, key in enumerate(TOKEN_IDS):
+        value = getattr(config, key, 0)
+        if value is None or (isinstance(value, int) and value >= TINY["vocab_size"]):
+            setattr(config, key, i + 1)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    if hasattr(model, "set_default_language"):
+        model.set_default_language(next(iter(config.languages)))
+    model(**batch())  # a tiny build that does not run is not buildable offline
+    return model
+
+
+def batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 120, (4, 12), generator=gen)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def outcome(model_type: str) -> tuple[str, str]:
+    """(kind, detail): kind in encdec, no-attention, not-buildable, refused, pruned."""
+    config = transformers.AutoConfig.for_model(model_type)
+    if getattr(config, "is_encoder_decoder", False):
+        return "encdec", ""
+    if not any(hasattr(config, k) for k in ("num_attention_heads", "n_heads", "num_heads")):
+        return "no-attention", "its config names no attention heads"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = tiny_model(model_type)
+    except Exception as err:  # noqa: BLE001 - any failure of the tiny build counts as not buildable
+        return "not-buildable", f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+    try:
+        layout = layout_for(model)
+    except CompressError as err:
+        message = str(err)
+        assert "\n" not in message and model_type in message
+        return "refused", message
+    source = "discovered" if layout.discovered else "table"
+    matrices = {f"{lay.path}.{sub}.weight" for lay in encoder_layers(model, layout)
+                for sub in (layout.roles[r] for r in lay.linears)}
+    for criterion in ("sparsegpt", "wanda"):
+        pruned = tiny_model(model_type)
+        masks = prune_model(pruned, 0.5, criterion=criterion, calibration=[batch(1), batch(2)])
+        missing = matrices - set(masks)
+        assert not missing, f"{model_type}: {criterion} left {sorted(missing)[:2]} unpruned"
+        for name in matrices:
+            kept = masks[name].float().mean().item()
+            assert abs(kept - 0.5) < 0.02, f"{model_type} {criterion} {name}: kept {kept:.3f}"
+        logits = pruned(**batch(3)).logits
+        assert torch.isfinite(logits).all()
+    return "pruned", f"{source}: {', '.join(sorted(layout.roles))}"
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, tuple[str, str]]:
+    return {t: outcome(t) for t in encoder_types()}
+
+
+def test_encoder_types_prune_one_shot_or_are_refused_in_one_line(outcomes):
+    for model_type, (kind, detail) in outcomes.items():
+        print(f"{model_type:24s} {kind:14s} {detail}")
+    counted = {t: k for t, (k, _) in outcomes.items() if k in ("pruned", "refused")}
+    pruned = [t for t, k in counted.items() if k == "pruned"]
+    # the nine table families and the BERT-named types (ERNIE among them) must be read
+    for model_type in ("bert", "roberta", "ernie", "data2vec-text", "mpnet", "nomic_bert", "gte"):
+        assert outcomes[model_type][0] == "pruned", (model_type, outcomes[model_type])
+    assert len(pruned) / len(counted) >= 0.8, sorted(t for t, k in counted.items() if k == "refused")
+
+
+def test_table_families_keep_their_table(outcomes):
+    for layout in LAYOUTS.values():
+        for model_type in layout.model_types:
+            if model_type in outcomes and outcomes[model_type][0] == "pruned":
+                assert outcomes[model_type][1].startswith("table"), model_type
+
+
+class NeutralLayer(torch.nn.Module):
+    """Self-attention and an FFN whose Linears have names that say nothing (p1..p6)."""
+
+    def __init__(self, hidden=16, heads=4, ffn=24):
+        super().__init__()
+        self.heads = heads
+        self.p1, self.p2, self.p3 = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.p4 = torch.nn.Linear(hidden, hidden)
+        self.p5, self.p6 = torch.nn.Linear(hidden, ffn), torch.nn.Linear(ffn, hidden)
+
+    def forward(self, x):
+        b, n, h = x.shape
+        split = lambda t: t.view(b, n, self.heads, -1).transpose(1, 2)  # noqa: E731
+        k, v, q = split(self.p1(x)), split(self.p2(x)), split(self.p3(x))  # p3 is the query
+        ctx = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        x = x + self.p4(ctx.transpose(1, 2).reshape(b, n, h))
+        return x + self.p6(torch.relu(self.p5(x)))
+
+
+class NeutralEncoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = transformers.BertConfig(hidden_size=16, num_attention_heads=4, intermediate_size=24,
+                                              vocab_size=50)
+        self.config.model_type = "neutral"
+        self.emb = torch.nn.Embedding(50, 16)
+        self.blocks = torch.nn.ModuleList(NeutralLayer() for _ in range(2))
+
+    @property
+    def base_model(self):
+        return self
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, attention_mask=None):
+        x = self.emb(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_discovery_reads_roles_from_shapes_and_data_flow_not_names():
+    torch.manual_seed(0)
+    layout = find_layout(NeutralEncoder())
+    assert layout is not None and layout.discovered
+    assert layout.roles["value"] == "p2"  # zeroing p2 zeroes p4's input; p1/p3 only flatten attention
+    assert {layout.roles["query"], layout.roles["key"]} == {"p1", "p3"}
+    assert (layout.roles["attn_out"], layout.roles["ffn_in"], layout.roles["ffn_out"]) == ("p4", "p5", "p6")
+    assert layout.layers == r"blocks\.(\d+)" and layout.word_embeddings == "emb"
+
+
+def test_a_model_without_encoder_layers_is_refused_in_one_line():
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = transformers.BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16)
+            self.config.model_type = "plain"
+            self.lin = torch.nn.Linear(8, 8)
+
+        @property
+        def base_model(self):
+            return self
+
+    with pytest.raises(CompressError, match="architecture 'plain'.*no stack of repeated encoder layers"):
+        layout_for(Plain())
+
+
+def test_measure_export_and_tables_name_the_real_type():
+    from compress.export.loading import LoadedModel
+    from compress.measure.sparsity import format_sparsity_table, sparsity_report
+
+    model = tiny_model("ernie")
+    loaded = LoadedModel(model, ("input_ids", "attention_mask"), "bert")
+    assert loaded.architecture == "ernie"  # what measure and export print
+    report = sparsity_report(model)
+    assert report["architecture"] == "ernie"
+    table = format_sparsity_table(report).splitlines()
+    assert table[1].split()[:2] == ["layer", "query"] and table[1].split()[-3] == "all"
+
+
+def test_sparsity_table_sorts_unassigned_matrices_by_layer_number():
+    from compress.measure.sparsity import format_sparsity_table
+
+    zero = {"embeddings": {"numel": 0}, "encoder": {"numel": 0}, "other": {"numel": 0},
+            "global": {"numel": 0}}
+    names = [f"stack.{i}.w.weight" for i in (1, 10, 2, 9)]
+    report = {"matrices": {n: {"layer": None, "kind": None, "sparsity": 0.5, "numel": 4} for n in names},
+              "heads": {}, "layers": {}, **zero}
+    rows = [line.split(":")[0] for line in format_sparsity_table(report).splitlines()[1:]]
+    assert rows == [f"stack.{i}.w.weight" for i in (1, 2, 9, 10)]
+
+
+@pytest.mark.parametrize("criterion", ["sparsegpt", "wanda"])
+def test_include_is_honoured_by_calibrated_criteria_where_roles_are_unknown(criterion):
+    model = tiny_model("fnet")  # no attention heads: discovery cannot read it
+    with pytest.raises(CompressError, match="architecture 'fnet'"):
+        layout_for(model)
+    pattern = r"re:encoder\.layer\.\d+\.(intermediate|output)\.dense\.weight$"
+    masks = prune_model(model, 0.5, criterion=criterion, include=(pattern,),
+                        calibration=[batch(1), batch(2)])
+    assert sorted(masks) == [f"encoder.layer.{i}.{m}.dense.weight" for i in (0, 1)
+                             for m in ("intermediate", "output")]
+    for name, keep in masks.items():
+        assert keep.float().mean().item() == pytest.approx(0.5, abs=0.02), name
+        weight = dict(model.base_model.named_parameters())[name]
+        assert bool((weight[~keep] == 0).all())
+
+
+def test_structured_removal_without_a_pruned_class_is_refused_up_front():
+    from compress.pruning.structured import check_removable
+
+    assert check_removable(tiny_model("bert")).name == "bert"
+    model = tiny_model("ernie")
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    with pytest.raises(CompressError, match="cannot save a ErnieForSequenceClassification"):
+        check_removable(model)
+    assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
