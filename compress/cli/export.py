@@ -20,7 +20,8 @@ def add_arguments(parser):
 
 def run(args):
     report = run_export(config_from_args(ExportConfig, args))
-    lines = [f"exported {report['kind']} model -> {report['file']} ({report['bytes'] / 1e6:.2f} MB); "
+    kind = report.get("architecture", report["kind"])
+    lines = [f"exported {kind} model -> {report['file']} ({report['bytes'] / 1e6:.2f} MB); "
              f"inputs {', '.join(report['inputs'])}; dynamic batch and sequence axes"]
     converted = [n for n in PRECISIONS if n != "fp32"]  # one of them at most
     for key in ("parity_fp32", "parity_optimized", *(f"parity_{n}" for n in converted)):

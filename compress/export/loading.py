@@ -29,6 +29,11 @@ class LoadedModel:
     meta: dict[str, Any] | None = None
 
     @property
+    def architecture(self) -> str:
+        """The model's own type (``ernie``, ``compress_bert``), or its kind where it has no config."""
+        return getattr(getattr(self.model, "config", None), "model_type", None) or self.kind
+
+    @property
     def vocab_size(self) -> int:
         if isinstance(getattr(self.model, "vocab_size", None), int):
             return int(self.model.vocab_size)

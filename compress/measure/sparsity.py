@@ -156,6 +156,11 @@ def _role_order(role: str) -> int:
     return ROLES.index(role) if role in ROLES else len(ROLES)
 
 
+def _natural_key(name: str) -> list:
+    """``encoder.layer.10`` after ``encoder.layer.9``: digit runs compare as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -172,8 +177,9 @@ def format_sparsity_table(report: dict) -> str:
             by_layer.setdefault(str(m["layer"]), {})[m["kind"]] = m["sparsity"]
         else:
             others.append((name, m))
-    head = f"{'layer':>5} " + " ".join(f"{k:>8}" for k in kinds) + f" {'layer':>7}  heads min/mean/max"
-    lines = ["sparsity (fraction of weights that are exactly zero)", head]
+    head = f"{'layer':>5} " + " ".join(f"{k:>8}" for k in kinds) + f" {'all':>7}  heads min/mean/max"
+    lines = ["sparsity (fraction of weights that are exactly zero)"] + ([head] if by_layer else [])
+    others.sort(key=lambda item: _natural_key(item[0]))
     for layer in sorted(by_layer, key=int):
         row = by_layer[layer]
         h = report["heads"].get(layer)

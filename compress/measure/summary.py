@@ -95,7 +95,8 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
         flops = count_flops(model, inputs)
     finally:
         model.train(was_training)
-    result: dict[str, Any] = {"kind": loaded.kind, "seq_len": seq_len, "params": params, "flops": flops}
+    result: dict[str, Any] = {"kind": loaded.kind, "architecture": loaded.architecture,
+                              "seq_len": seq_len, "params": params, "flops": flops}
     structured, pattern = False, None
     config = getattr(model, "config", None)
     if loaded.kind == "bert":
@@ -123,5 +124,4 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
         result["verdict"]["semi_structured"] = semi_structured_verdict(
             pattern["pattern"], pattern["encoder"], capability, device)
     return result
-
 

@@ -165,6 +165,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         tmp.mkdir()
         try:
             report: dict[str, Any] = {"config": to_dict(cfg), "kind": loaded.kind,
+                                      "architecture": loaded.architecture,
                                       "inputs": list(loaded.input_names), "outputs": ["logits"],
                                       "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
             fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)

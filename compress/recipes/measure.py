@@ -40,7 +40,7 @@ def format_measure(r: dict[str, Any]) -> str:
                  f"{_fmt_int(p['int8_elements'])}, {p['int8_zero_fraction']:.1%} zero (rounding included)")
     else:
         zeros = f"encoder weight-matrix sparsity {p['encoder_matrix_sparsity']:.1%}"
-    lines = [f"model: {r['model']} ({r['kind']})",
+    lines = [f"model: {r['model']} ({r.get('architecture', r['kind'])})",
              f"parameters: total {_fmt_int(p['total'])}, embeddings {_fmt_int(p.get('embeddings'))}, "
              f"encoder {_fmt_int(p.get('encoder'))}, head {_fmt_int(p.get('head'))}, "
              f"non-zero {_fmt_int(p['nonzero'])} ({zeros})"]
