@@ -51,21 +51,22 @@ def prunable_targets(model: torch.nn.Module, include: Sequence[str] = (),
     them, unless ``include`` names them; what ``prune_model`` with a calibrated criterion prunes).
     ``include``/``exclude`` take the
     ``--include``/``--exclude`` patterns (glob, ``re:REGEX``, ``role:NAME``). A model outside the
-    role table with no ``include`` raises UsageError naming the supported architectures and the fix.
+    role table whose roles discovery cannot find, with no ``include``, raises UsageError saying what
+    was not found and the fix (name its matrices with ``include``).
     """
     from compress.core.errors import UsageError
-    from compress.models.architectures import SUPPORTED, find_layout
+    from compress.models.architectures import layout_for
     from compress.pruning.targets import select_targets
 
     check.check_module("model", model)
     check.check_patterns("include", include)
     check.check_patterns("exclude", exclude)
-    if find_layout(model) is None and not include:
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        what = f"architecture '{model_type}'" if model_type else f"a {type(model).__name__} (no config)"
-        raise UsageError(f"{what} has no prunable matrices that compress knows of (role tables: "
-                         f"{', '.join(SUPPORTED)}); pass include=('re:<regex>',) naming its weight "
-                         "matrices, e.g. include=(r're:\\.weight$',)")
+    if not include:
+        try:
+            layout_for(model)
+        except UsageError as err:  # the reason, in the API's words for the fix
+            raise UsageError(f"{err}; pass include=('re:<regex>',) naming its weight matrices, e.g. "
+                             "include=(r're:\\.weight$',)") from None
     return select_targets(model, tuple(include), tuple(exclude), word_embeddings)
 
 

@@ -130,7 +130,8 @@ def layout_for(model: torch.nn.Module) -> EncoderLayout:
     layout = find_layout(model)
     if layout is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        why = getattr(model, DISCOVERY_ATTR, (None, "it has no config"))[1]
+        why = getattr(model, DISCOVERY_ATTR, (None, "it has no config; name the matrices to prune with "
+                                                     "--include (glob or re:REGEX)"))[1]
         raise UsageError(f"architecture '{model_type}' has no role table and its roles were not found: "
                          f"{why}")
     return layout

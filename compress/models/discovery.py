@@ -31,7 +31,7 @@ from compress.core.errors import ModelError
 
 HEADS_CONFIG = ("num_attention_heads", "n_heads", "num_heads", "encoder_attention_heads")
 FFN_CONFIG = ("intermediate_size", "hidden_dim", "ffn_dim", "encoder_ffn_dim", "d_ff")
-HINT = ("name the matrices to prune with --include (glob or re:REGEX)")
+HINT = "name the matrices to prune with --include (glob or re:REGEX)"
 
 
 @dataclass(frozen=True)
