@@ -7,6 +7,8 @@ compress`` loads neither torch nor transformers until a name is used.
   ``verify_masks``, ``ScheduledPruner``, ``OneShotSchedule``, ``GradualSchedule``;
 - ``transformers.Trainer``: ``PruningCallback``, ``DistillationTrainer``;
 - distillation: ``kd_loss``;
+- embedding models: ``load_embedding_model``, ``embed_texts``, ``prune_embedding_model``,
+  ``distil_embedding_model``, ``save_embedding_model``;
 - measurement and export: ``measure_model``, ``export_onnx``, ``sparsity_report``,
   ``format_sparsity_table``, ``write_model_card``;
 - errors: ``CompressError``, ``UsageError``, ``DataError``, ``ModelError``, ``IntegrityError``,
@@ -29,6 +31,11 @@ _PUBLIC: dict[str, str] = {
     "kd_loss": "compress.api.functions",
     "measure_model": "compress.api.functions",
     "export_onnx": "compress.api.functions",
+    "load_embedding_model": "compress.api.embedding",
+    "embed_texts": "compress.api.embedding",
+    "prune_embedding_model": "compress.api.embedding",
+    "distil_embedding_model": "compress.api.embedding",
+    "save_embedding_model": "compress.api.embedding",
     "PruningCallback": "compress.integrations.hf_trainer",
     "DistillationTrainer": "compress.integrations.hf_trainer",
     "ScheduledPruner": "compress.pruning.pruner",

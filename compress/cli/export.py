@@ -43,7 +43,19 @@ def run(args):
                      f"{h['float32_initializers']} float32{kept}; float32 inputs and outputs")
     if "fusion" in report:
         lines.append(f"fusion: {report['fusion']}")
-    if "accuracy" in report:
+    if "accuracy" in report and report["accuracy"]["task"] == "embedding":
+        from compress.embedding.scores import brief
+
+        acc = report["accuracy"]
+        for k in ("torch", *PRECISIONS):
+            if k in acc and "skipped" in acc[k]:
+                lines.append(f"embedding {k}: not run: {acc[k]['skipped']}")
+            elif k in acc:
+                lines.append(f"embedding {k}: {brief(acc[k])}")
+        if "parity_ok" in acc:
+            lines.append(f"embedding parity: mean cosine to PyTorch {'>=' if acc['parity_ok'] else '<'} "
+                         f"{acc['parity_cosine']}")
+    elif "accuracy" in report:
         acc = report["accuracy"]
         scores = ", ".join(f"{k} {acc[k]['score']:.4f}" for k in PRECISIONS
                            if k in acc and "score" in acc[k])

@@ -130,7 +130,7 @@ def run(args):
         print(f"held-out MLM loss ({m['heldout_tokens_scored']} tokens): before {m['before']:.4f} | "
               f"unpruned after {summary['steps']} steps {dense} | pruned after {summary['steps']} "
               f"steps {m['pruned_after']:.4f}")
-    if "eval" in summary:
+    if "eval" in summary and summary["task"] != "embedding":  # the embedding stage prints its own scores
         e = summary["eval"]
         extra = ""
         if summary.get("eval_dense"):

@@ -24,7 +24,7 @@ class LoadedModel:
 
     model: torch.nn.Module
     input_names: tuple[str, ...]
-    kind: str                      # "bert" | "student" | "module"
+    kind: str                      # "bert" | "embedding" | "student" | "module"
     path: str | None = None        # folder it came from
     meta: dict[str, Any] | None = None
 
@@ -32,6 +32,12 @@ class LoadedModel:
     def architecture(self) -> str:
         """The model's own type (``ernie``, ``compress_bert``), or its kind where it has no config."""
         return getattr(getattr(self.model, "config", None), "model_type", None) or self.kind
+
+    @property
+    def output_name(self) -> str:
+        """The graph's one output: ``sentence_embedding`` for a sentence-embedding model (pooled and,
+        where its config says so, normalised), ``logits`` for the rest."""
+        return "sentence_embedding" if self.kind == "embedding" else "logits"
 
     @property
     def vocab_size(self) -> int:
@@ -61,8 +67,11 @@ def _load_student_folder(folder: Path) -> LoadedModel | None:
     return LoadedModel(model.eval(), STUDENT_INPUTS, "student", str(where), info)
 
 
-def load_torch_model(spec: str, attn_implementation: str | None = "eager") -> LoadedModel:
-    """A BERT-family classifier (model folder, run folder, 'minilm', structured-pruned) or a student.
+def load_torch_model(spec: str, attn_implementation: str | None = "eager", embedding: bool = False
+                     ) -> LoadedModel:
+    """A BERT-family classifier (model folder, run folder, 'minilm', structured-pruned) or a student;
+    with ``embedding``, or for a run folder of the embedding task, the sentence-embedding model
+    (encoder, pooling, normalisation: ``compress.embedding.model``).
 
     ``attn_implementation``: "eager" (the default: the graph the ONNX optimizer fuses), "sdpa", or
     None for transformers' own choice: SDPA where the architecture has it, eager otherwise
@@ -89,6 +98,11 @@ def load_torch_model(spec: str, attn_implementation: str | None = "eager") -> Lo
     path = resolve_model(spec)
     meta = read_meta(path)
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
+    if embedding or meta.get("task") == "embedding":
+        from compress.embedding.model import load_sentence_encoder
+
+        model, _, meta = load_sentence_encoder(spec, **kwargs)
+        return LoadedModel(model.eval(), declared_inputs(model.encoder), "embedding", path, meta)
     if "label_names" not in meta:
         kwargs["num_labels"] = 2
     model = load_pretrained(AutoModelForSequenceClassification, spec, path, "a sequence classifier", **kwargs)

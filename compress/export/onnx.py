@@ -27,7 +27,7 @@ FP32_ATOL = 1e-4
 
 
 class _Exportable(torch.nn.Module):
-    """Positional inputs in the declared order -> one ``logits`` tensor."""
+    """Positional inputs in the declared order -> one tensor (``loaded.output_name``)."""
 
     def __init__(self, loaded: LoadedModel):
         super().__init__()
@@ -39,15 +39,17 @@ class _Exportable(torch.nn.Module):
 
 
 def export_onnx(loaded: LoadedModel, path: str | Path, opset: int = 17) -> Path:
-    """Export with dynamic batch and sequence axes; output ``logits`` [batch, labels]."""
+    """Export with dynamic batch and sequence axes; one output, ``logits`` [batch, labels] (a
+    sentence-embedding model: ``sentence_embedding`` [batch, hidden])."""
     path = Path(path)
     names = loaded.input_names
     sample = example_inputs(loaded, 2, 16)
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
-    dynamic["logits"] = {0: "batch"}
+    dynamic[loaded.output_name] = {0: "batch"}
     with torch.no_grad():
         torch.onnx.export(_Exportable(loaded).eval(), tuple(sample[n] for n in names), str(path),
-                          input_names=list(names), output_names=["logits"], dynamic_axes=dynamic,
+                          input_names=list(names), output_names=[loaded.output_name],
+                          dynamic_axes=dynamic,
                           opset_version=opset, do_constant_folding=True, dynamo=False)
     return path
 
@@ -68,7 +70,7 @@ def check_parity(loaded: LoadedModel, onnx_path: str | Path, shapes=DEFAULT_SHAP
     agree = total = 0
     for batch, length in shapes:
         inputs = example_inputs(loaded, batch, length)
-        ref = {"logits": torch_logits(loaded, inputs).float().numpy()}
+        ref = {loaded.output_name: torch_logits(loaded, inputs).float().numpy()}
         got = ort_model.run(inputs)
         for name, want in ref.items():
             have = got.get(name)

@@ -146,12 +146,13 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
                             flops_reduction: float, seq_len: int, targets: tuple[str, ...] = TARGETS,
                             rearrange: bool = True, tune: bool = True,
                             loss_fn: Callable[[Any, dict], torch.Tensor] | None = None,
-                            max_swaps: int = MAX_SWAPS, scale_bound: float | None = SCALE_BOUND
-                            ) -> dict[str, Any]:
+                            max_swaps: int = MAX_SWAPS, scale_bound: float | None = SCALE_BOUND,
+                            fisher: FisherImportance | None = None) -> dict[str, Any]:
     """Remove heads / FFN neurons of ``model`` in place so the encoder's FLOPs at ``seq_len``
     tokens fall by at least ``flops_reduction`` (in (0, 1)); see the module docstring.
     ``max_swaps``: the rearrangement's cap per block; ``scale_bound``: the tuned scales stay in
-    ``[-scale_bound, scale_bound]`` (None: unbounded)."""
+    ``[-scale_bound, scale_bound]`` (None: unbounded); ``fisher``: an importance already taken on
+    the same model (``loss_fn`` is then not read)."""
     if not 0 < flops_reduction < 1:
         raise UsageError(f"flops_reduction must be in (0, 1), got {flops_reduction}")
     if scale_bound is not None and not scale_bound >= 1:
@@ -164,7 +165,8 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
     layout = layout_for(model)
     batches = list(batches)
     lap = PhaseClock()
-    fisher = fisher_importance(model, batches, loss_fn)
+    if fisher is None:
+        fisher = fisher_importance(model, batches, loss_fn)
     lap("fisher")
     per_head, per_neuron = unit_flops(model, seq_len)
 

@@ -28,6 +28,7 @@ from compress.export.optimize import (
 )
 from compress.export.precision import PRECISION_CHOICES, PRECISIONS, QUANTIZE_CHOICES, half_session_error
 from compress.tasks import task_choices
+from compress.tasks.embedding import EMBEDDING_TASK
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class ExportConfig:
     eval_limit: int | None = option(None, help="use only the first N dev examples")
     max_length: int | None = option(None, help="tokenizer max length for --task (unset: the "
                                                "model's)")
+    split_by_article: str | None = option(None, help="--task embedding: TRAIN/EVAL article counts of "
+                                                     "the SQuAD file; ReQA is scored on the EVAL "
+                                                     "articles (e.g. 38/10)")
 
     def __post_init__(self):
         if not self.to:
@@ -90,6 +94,13 @@ class ExportConfig:
         parse_shapes(self.shapes)
         if self.eval_limit is not None and self.eval_limit < 1:
             raise UsageError(f"--eval-limit must be >= 1, got {self.eval_limit}")
+        if self.split_by_article is not None:
+            if self.task != EMBEDDING_TASK:
+                raise UsageError("--split-by-article chooses the ReQA articles of --task embedding; add "
+                                 "--task embedding or drop it")
+            from compress.tasks.qa import parse_split_by_article
+
+            parse_split_by_article(self.split_by_article)
 
     @property
     def target(self) -> str:
@@ -150,15 +161,25 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
     provider = resolve_provider(cfg.provider)
     shapes = parse_shapes(cfg.shapes)
     task_data = None
-    if cfg.task is not None:
+    embedding = cfg.task == EMBEDDING_TASK
+    if embedding:
+        from compress.tasks.base import DataOptions, data_dir_from_env
+        from compress.tasks.embedding import load_embedding_eval
+
+        task_data = load_embedding_eval(DataOptions(data_dir_from_env(cfg.data_dir)), cfg.split_by_article,
+                                        cfg.eval_limit)
+    elif cfg.task is not None:
         from compress.recipes.finetune import TaskDataConfig, load_task_data
 
         task_data = load_task_data(TaskDataConfig(task=cfg.task, data_dir=cfg.data_dir,
                                                   eval_limit=cfg.eval_limit), ("eval",))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loaded = load_torch_model(cfg.model)
-        if task_data is not None:
+        loaded = load_torch_model(cfg.model, embedding=embedding)
+        if loaded.kind == "embedding" and cfg.task not in (None, EMBEDDING_TASK):
+            raise UsageError(f"{cfg.model} is a sentence-embedding model; its export is scored with "
+                             f"--task embedding, not --task {cfg.task}")
+        if task_data is not None and not embedding:
             check_task_fits(cfg.model, loaded, task_data[1]["eval"].label_names)
         tmp = dst.parent / f".tmp-{dst.name}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -166,13 +187,19 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
         try:
             report: dict[str, Any] = {"config": to_dict(cfg), "kind": loaded.kind,
                                       "architecture": loaded.architecture,
-                                      "inputs": list(loaded.input_names), "outputs": ["logits"],
+                                      "inputs": list(loaded.input_names),
+                                      "outputs": [loaded.output_name],
                                       "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
             fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
             report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
             fp32_final = _optimized(cfg, loaded, fp32, shapes, provider, report)
             final = _converted(cfg, loaded, fp32_final, shapes, provider, report)
-            if task_data is not None:
+            if embedding:
+                from compress.recipes.embedding import onnx_embedding_report
+
+                report["accuracy"] = onnx_embedding_report(loaded, fp32_final, final, cfg.target, task_data,
+                                                           cfg.max_length, provider)
+            elif task_data is not None:
                 report["accuracy"] = _task_accuracy(cfg, loaded, fp32_final, final, task_data, provider)
             shutil.move(str(final), dst)
             report["file"] = str(dst)

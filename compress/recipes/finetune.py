@@ -16,6 +16,7 @@ from compress.core.runs import RunDir, launch_rank
 from compress.distill.teacher_kd import TeacherKDOptions, load_teacher, teacher_summary, teacher_training
 from compress.models.loading import load_classifier
 from compress.qa.options import QAOptions
+from compress.recipes.embedding import eval_embedding
 from compress.recipes.qa import eval_qa, finetune_qa
 from compress.recipes.retrieval import eval_reqa, finetune_reqa
 from compress.recipes.saving import save_run_model
@@ -223,7 +224,7 @@ class EvalConfig(TaskDataConfig, QAOptions):
 def run_eval(cfg: EvalConfig) -> dict:
     """Re-evaluate a saved model on the task's eval split; writes an eval run folder."""
     family = get_task(cfg.task).family
-    if family in EVAL_FAMILIES:  # qa, retrieval
+    if family in EVAL_FAMILIES:  # qa, retrieval, embedding
         return EVAL_FAMILIES[family](cfg)
     spec, data = load_task_data(cfg, ("eval",))
     ds = data["eval"]
@@ -245,4 +246,5 @@ def run_eval(cfg: EvalConfig) -> dict:
 EVAL_FAMILIES: dict[str, Callable[..., dict]] = {
     "qa": eval_qa,
     "retrieval": eval_reqa,
+    "embedding": eval_embedding,
 }

@@ -390,7 +390,7 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict
         return fisher_prune_structured(module, batches, cfg.flops_reduction, cfg.max_length,
                                        tuple(cfg.structured), tune=not cfg.no_mask_tuning,
                                        max_swaps=cfg.max_swaps,
-                                       scale_bound=cfg.scale_bound or None)
+                                       scale_bound=cfg.scale_bound or None, fisher=fisher)
     from compress.pruning.structured import prune_structured
 
     return prune_structured(module, cfg.sparsity, tuple(cfg.structured))

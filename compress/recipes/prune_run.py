@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compress.recipes.embedding_prune import prune_post_training_embedding
 from compress.recipes.post_training import prune_post_training, prune_post_training_qa
 from compress.recipes.prune import (
     OTHER_FAMILIES,
@@ -28,6 +29,8 @@ assert tuple(STAGE_RUNS) == STAGES
 def run_prune(cfg: PruneConfig) -> Path:
     """Run the configured stage; returns the finished run folder."""
     family = get_task(cfg.task).family
+    if family == "embedding":
+        return prune_post_training_embedding(cfg)
     if len(cfg.speedup) > 1:
         return run_speed_family(cfg)
     if cfg.stage == "post-training" and family == "qa":

@@ -207,6 +207,8 @@ class SweepConfig:
     recovery_steps: int = option(250, help="one-shot variants with --teacher: steps their +kd twins "
                                            "train after the prune, distilling with the masks kept "
                                            "(the one-shot cells themselves never train)")
+    split_by_article: str | None = option(None, help="squad, reqa and embedding tasks: TRAIN/EVAL "
+                                                     "article counts of one SQuAD file (e.g. 38/10)")
 
     def __post_init__(self):
         parse_sparsities(self.sparsities)
@@ -234,6 +236,11 @@ class SweepConfig:
                                  f"{','.join(self.variants)} has none; add --variants after-finetune "
                                  "or sparsegpt")
         self._check_one_shot()
+        self._check_embedding()
+        if self.split_by_article is not None:
+            from compress.tasks.qa import parse_split_by_article
+
+            parse_split_by_article(self.split_by_article)
         if not self.tasks:
             raise UsageError("--tasks is empty; pass e.g. sst2,rte")
         if not self.variants:
@@ -276,6 +283,21 @@ class SweepConfig:
             raise UsageError(f"--recovery-steps sets the training of the one-shot variants' +kd twins; "
                              f"add --teacher and one of {', '.join(ONE_SHOT)} to --variants, or drop it")
 
+    def _check_embedding(self) -> None:
+        """The embedding task prunes the given model once from unlabelled text (no fine-tuning):
+        the one-shot variants only, and ``+kd`` twins distil from the dense model itself."""
+        if "embedding" not in self.tasks:
+            return
+        trained = [v for v in self.variants if v in VARIANTS and not VARIANTS[v].one_shot]
+        if trained:
+            raise UsageError(f"task embedding is pruned once, from unlabelled text, without fine-tuning: "
+                             f"--variants {','.join(trained)} train on labels; use {', '.join(ONE_SHOT)}")
+        if self.teacher not in (None, "self"):
+            raise UsageError("task embedding distils from the dense model's own embeddings: use --teacher "
+                             "self (or no --teacher)")
+        if self.pretrain_corpus:
+            raise UsageError("task embedding is not pre-trained in a sweep; drop --pretrain-corpus")
+
     @property
     def sparsity_values(self) -> tuple[float, ...]:
         return parse_sparsities(self.sparsities)
@@ -317,6 +339,8 @@ def _train_flags(cfg: SweepConfig, task: str, lr: float) -> list[str]:
         value = getattr(cfg, name)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
+    if cfg.split_by_article is not None and task in ("squad", "reqa"):
+        flags += ["--split-by-article", cfg.split_by_article]
     return flags
 
 
@@ -371,7 +395,7 @@ def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
     for s in cfg.sparsity_values:
         for vname in cfg.variants:
             v = VARIANTS[vname]
-            for task in cfg.tasks:
+            for task in (t for t in cfg.tasks if t != "embedding"):  # embedding: embedding_cells
                 for lr in cfg.lrs:
                     info = {"task": task, "sparsity": s, "lr": lr, "variants": [vname]}
                     tag = f"{task}-{{}}-s{percent(s)}-lr{lr_tag(lr)}"
@@ -421,9 +445,54 @@ def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
                         argv = ["finetune", "--model", str(sweep_dir / dep), *flags, *v.finetune_flags,
                                 "--out", str(sweep_dir / name)]
                         add(Cell(name, "downstream", tuple(argv), (dep,), info))
+    for cell in embedding_cells(cfg, sweep_dir, model):
+        add(cell)
     ordered = [c for c in cells.values() if c.kind == "pretrain"]
     ordered += [c for c in cells.values() if c.kind != "pretrain"]
     return ordered
+
+
+def _embedding_flags(cfg: SweepConfig) -> list[str]:
+    flags = ["--task", "embedding", "--max-length", str(cfg.max_length)]
+    if cfg.data_dir:
+        flags += ["--data-dir", _abs(cfg.data_dir)]
+    for name in ("eval_limit", "split_by_article"):
+        value = getattr(cfg, name)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+def embedding_cells(cfg: SweepConfig, sweep_dir: Path, model: str) -> list[Cell]:
+    """The embedding task's cells (none without it in ``--tasks``), per sparsity, variant and rate."""
+    if "embedding" not in cfg.tasks:
+        return []
+    return [c for s in cfg.sparsity_values for v in cfg.variants for lr in cfg.lrs
+            for c in _embedding_cells(cfg, sweep_dir, model, s, v, lr)]
+
+
+def _embedding_cells(cfg: SweepConfig, sweep_dir: Path, model: str, s: float, vname: str, lr: float
+                     ) -> list[Cell]:
+    """At sparsity 0 the model scored as is (``compress eval``), else the one-shot prune of the
+    model itself from unlabelled text (``prune --stage post-training --task embedding``), and with
+    ``--teacher self`` its ``+kd`` twin recovering ``--recovery-steps`` by embedding distillation."""
+    v = VARIANTS[vname]
+    info = {"task": "embedding", "sparsity": s, "lr": lr, "variants": [vname]}
+    if s == 0:
+        name = f"ft-embedding-dense-lr{lr_tag(lr)}"
+        variants = [vname] + ([vname + KD_SUFFIX] if cfg.teacher else [])
+        argv = ["eval", "--model", model, *_embedding_flags(cfg), "--out", str(sweep_dir / name)]
+        return [Cell(name, "downstream", tuple(argv), (), {**info, "variants": variants})]
+    cells = []
+    twins = [("", [])] + ([(KD_SUFFIX, ["--recovery-steps", str(cfg.recovery_steps), "--lr", repr(lr),
+                                        "--batch-size", str(cfg.batch_size)])] if cfg.teacher else [])
+    for suffix, extra in twins:
+        name = f"ft-embedding-{vname}{suffix}-s{percent(s)}-lr{lr_tag(lr)}"
+        argv = ["prune", "--stage", "post-training", "--sparsity", repr(s), "--criterion", v.criterion,
+                "--calibration-samples", str(cfg.calibration_samples), "--seed", str(cfg.seed),
+                "--model", model, *_embedding_flags(cfg), *extra, "--out", str(sweep_dir / name)]
+        cells.append(Cell(name, "downstream", tuple(argv), (), {**info, "variants": [vname + suffix]}))
+    return cells
 
 
 def validate_inputs(cfg: SweepConfig) -> None:

@@ -7,13 +7,16 @@ from compress.tasks.base import DataOptions, TaskSpec, TextDataset, data_dir_fro
 from compress.tasks.classification import (
     AG_NEWS_LABELS,
     MOVIE_LABELS,
+    MRPC_LABELS,
     SAMPLE_LABELS,
     generic_loader,
     glue_loader,
     load_ag_news,
     load_movie_reviews,
+    load_mrpc,
     load_sample,
 )
+from compress.tasks.embedding import load_embedding
 from compress.tasks.multilabel import load_reuters
 from compress.tasks.qa import load_squad
 from compress.tasks.retrieval import load_reqa
@@ -32,11 +35,8 @@ TASKS: dict[str, TaskSpec] = {
                                  "label", "nyu-mll/glue:cola", headerless=(3, None, 1)),
                      labels=("unacceptable", "acceptable"), hub="nyu-mll/glue:cola",
                      description="GLUE CoLA acceptability (Matthews correlation)"),
-    "mrpc": TaskSpec("mrpc", "classification", "f1",
-                     glue_loader(("mrpc", "MRPC"), ("not_paraphrase", "paraphrase"), "#1 String",
-                                 "#2 String", "Quality", "nyu-mll/glue:mrpc",
-                                 hub_columns=("sentence1", "sentence2", "label")),
-                     labels=("not_paraphrase", "paraphrase"), pair=True, hub="nyu-mll/glue:mrpc",
+    "mrpc": TaskSpec("mrpc", "classification", "f1", load_mrpc,
+                     labels=MRPC_LABELS, pair=True, hub="nyu-mll/glue:mrpc",
                      description="GLUE MRPC paraphrase pairs (F1)"),
     "rte": TaskSpec("rte", "classification", "accuracy",
                     glue_loader(("rte", "RTE"), ENTAIL, "sentence1", "sentence2", "label",
@@ -64,6 +64,9 @@ TASKS: dict[str, TaskSpec] = {
                                   "--split-by-article 38/10 splits the dev file"),
     "reqa": TaskSpec("reqa", "retrieval", "mrr", load_reqa, hub="rajpurkar/squad",
                      description="ReQA sentence retrieval built from SQuAD-format data; P@1/5/10, MRR"),
+    "embedding": TaskSpec("embedding", "embedding", "p@1", load_embedding, hub="rajpurkar/squad",
+                          description="a sentence-embedding model scored as is: ReQA P@1/MRR by cosine, "
+                                      "MRPC cosine ROC-AUC; calibrated and distilled on unlabelled text"),
 }
 
 

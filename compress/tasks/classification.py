@@ -87,6 +87,11 @@ def glue_loader(dirs: tuple[str, ...], labels: tuple[str, ...], text: str, pair:
 AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")
 
 
+MRPC_LABELS = ("not_paraphrase", "paraphrase")
+load_mrpc = glue_loader(("mrpc", "MRPC"), MRPC_LABELS, "#1 String", "#2 String", "Quality",
+                        "nyu-mll/glue:mrpc", hub_columns=("sentence1", "sentence2", "label"))
+
+
 def load_ag_news(opts: DataOptions, split: str) -> TextDataset:
     """AG News: original CSV (class 1-4, title, description, no header); for train, the 10k TSV
     subset (``description<TAB>class name``) is used when the full ``train.csv`` is absent. The

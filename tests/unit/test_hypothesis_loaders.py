@@ -142,6 +142,8 @@ LAYOUTS = {  # task -> (strategy for one file, the files it is written to)
     "reuters": (sgml(), ["reuters21578/reut2-000.sgm", "reuters21578/reut2-001.sgm"]),
     "squad": (squad(), ["squad_v1.1/train-v1.1.json", "squad_v1.1/dev-v1.1.json"]),
     "reqa": (squad(), ["squad_v1.1/train-v1.1.json", "squad_v1.1/dev-v1.1.json"]),
+    # train: the unlabelled text (any bytes); dev: ReQA from the SQuAD file (no MRPC pairs here)
+    "embedding": (squad(), ["wikitext2/wiki.test.raw", "squad_v1.1/dev-v1.1.json"]),
 }
 
 

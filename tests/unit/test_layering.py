@@ -4,7 +4,7 @@
 1. models (``models/``): finding and loading encoders, the role table, pruned-model loading code;
 2. training (``training/``): the loop every stage hooks into, trackers, evaluation;
 3. blocks (``pruning/``, ``distill/``, ``measure/``, ``export/``, ``qa/``, ``retrieval/``,
-   ``report/``, and ``students/`` beside the package);
+   ``report/``, ``embedding/``, and ``students/`` beside the package);
 4. the public API (``compress/__init__.py``, ``api/``, ``integrations/``);
 5. recipes (``recipes/``): one end-to-end workflow per command;
 6. the CLI (``cli/``, ``__main__.py``).
@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("core", "tasks", "data")),
     ("models", ("models",)),
     ("training", ("training",)),
-    ("blocks", ("pruning", "distill", "measure", "export", "qa", "retrieval", "report")),
+    ("blocks", ("pruning", "distill", "measure", "export", "qa", "retrieval", "report", "embedding")),
     ("public API", ("api", "integrations")),
     ("recipes", ("recipes",)),
     ("CLI", ("cli",)),

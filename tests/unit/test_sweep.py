@@ -620,3 +620,31 @@ def test_a_cell_larger_than_every_node_is_refused_naming_the_largest():
     # both fit somewhere, but not on one node
     with pytest.raises(UsageError, match="--cpus-per-cell 8 --gpus-per-cell 1 is more"):
         check_cell_fits(nodes, 8, 1)
+
+
+def test_embedding_cells_score_and_prune_the_model_itself(tmp_path):
+    cfg = SweepConfig(sparsities=("0", "0.5"), tasks=("embedding",), variants=("sparsegpt", "wanda"),
+                      teacher="self", recovery_steps=40, split_by_article="38/10", data_dir=None)
+    cells = {c.name: c for c in build_plan(cfg, tmp_path)}
+    dense = cells.pop("ft-embedding-dense-lr5e-05")
+    assert dense.argv[0] == "eval" and dense.argv[dense.argv.index("--model") + 1] == "minilm"
+    assert dense.info["variants"] == ["sparsegpt", "sparsegpt+kd", "wanda", "wanda+kd"]
+    assert sorted(cells) == ["ft-embedding-sparsegpt+kd-s50-lr5e-05", "ft-embedding-sparsegpt-s50-lr5e-05",
+                             "ft-embedding-wanda+kd-s50-lr5e-05", "ft-embedding-wanda-s50-lr5e-05"]
+    for name, c in cells.items():
+        # no fine-tuned dense cell to wait for: the model is pruned as it is
+        assert c.deps == () and c.argv[:3] == ("prune", "--stage", "post-training")
+        assert c.argv[c.argv.index("--model") + 1] == "minilm"
+        assert c.argv[c.argv.index("--split-by-article") + 1] == "38/10"
+        assert ("--recovery-steps" in c.argv) == name.startswith(("ft-embedding-sparsegpt+kd",
+                                                                  "ft-embedding-wanda+kd"))
+        assert "--teacher" not in c.argv
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"variants": ("magnitude",)}, "use sparsegpt, wanda, oneshot-magnitude"),
+    ({"variants": ("sparsegpt",), "teacher": "RUN"}, "use --teacher self"),
+])
+def test_embedding_sweeps_refuse_what_needs_labels(kw, words):
+    with pytest.raises(UsageError, match=words):
+        SweepConfig(tasks=("embedding",), **kw)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The packaged all-MiniLM-L6-v2 compressed as an embedding model, end to end, with no fine-tuning:
+# scored as is on ReQA (SQuAD dev, the last 10 of 48 articles) and MRPC dev pairs; pruned one-shot
+# (SparseGPT, Wanda, magnitude at 50%, SparseGPT over several calibration draws and with 2048
+# sentences), calibrated on WikiText-2 sentences; a structured model aimed at SPEEDUP times the
+# dense int8 speed (latency table of this machine) and recovered by RECOVERY steps of embedding
+# distillation; the dense and structured models exported to int8 ONNX with their embedding parity;
+# the static student beside Model2Vec; one fixed-shape bench (32 x 128 tokens, int8 runtime) and one
+# bench on real sentences (sentences/s with scores).
+#
+#   DATA=../shared/data OUT=artifacts/embedding-minilm benchmarks/embedding_minilm.sh
+#
+# Each step is skipped when its run folder (under $OUT/runs) or file is there already, so the script
+# can be stopped and run again. Results: $OUT/embedding_minilm.json (every run's scores, the exports'
+# parity, both benches), built by benchmarks/embedding_table.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${DATA:?set DATA to a folder holding squad_v1.1, mrpc and wikitext2}"
+OUT="${OUT:-$PWD/artifacts/embedding-minilm}"
+PY="${PYTHON:-python3}"
+SPEEDUP="${SPEEDUP:-2}"
+RECOVERY="${RECOVERY:-500}"
+SEEDS="${SEEDS:-42 1 2}"
+mkdir -p "$OUT/runs"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false COMPRESS_NO_PROGRESS=1
+nvidia-smi --query-gpu=name --format=csv > "$OUT/device.txt" 2>&1 || echo "no GPU: $(nproc) CPU cores" > "$OUT/device.txt"
+data=(--task embedding --data-dir "$DATA" --split-by-article 38/10)
+run() {  # run NAME ARGS...: one compress command into $OUT/runs/NAME, unless finished
+  local name=$1; shift
+  [ -f "$OUT/runs/$name/summary.json" ] || [ -f "$OUT/runs/$name.onnx" ] && return 0
+  echo "$(date +%T) $name"
+  "$PY" -m compress "$@" > "$OUT/runs/$name.log" 2>&1 || { tail -5 "$OUT/runs/$name.log"; exit 1; }
+}
+run dense-eval eval --model minilm "${data[@]}" --out "$OUT/runs/dense-eval"
+post=(prune --stage post-training --model minilm "${data[@]}")
+for seed in $SEEDS; do
+  run "sparsegpt-50-seed$seed" "${post[@]}" --criterion sparsegpt --sparsity 0.5 --seed "$seed" --out "$OUT/runs/sparsegpt-50-seed$seed"
+done
+run sparsegpt-50-2048 "${post[@]}" --criterion sparsegpt --sparsity 0.5 --calibration-samples 2048 --out "$OUT/runs/sparsegpt-50-2048"
+run wanda-50 "${post[@]}" --criterion wanda --sparsity 0.5 --out "$OUT/runs/wanda-50"
+run magnitude-50 "${post[@]}" --criterion magnitude --sparsity 0.5 --out "$OUT/runs/magnitude-50"
+run "structured-${SPEEDUP}x" "${post[@]}" --structured heads,ffn --criterion fisher --speedup "$SPEEDUP" \
+  --recovery-steps "$RECOVERY" --out "$OUT/runs/structured-${SPEEDUP}x"
+run dense-int8 export minilm --to "$OUT/runs/dense-int8.onnx" --optimize --quantize int8 "${data[@]}"
+run "structured-${SPEEDUP}x-int8" export "$OUT/runs/structured-${SPEEDUP}x" --to "$OUT/runs/structured-${SPEEDUP}x-int8.onnx" \
+  --optimize --quantize int8 "${data[@]}"
+run static-256 distill --student static --teacher minilm "${data[@]}" --out "$OUT/runs/static-256"
+run bench-grid bench "dense-int8=$OUT/runs/dense-int8.onnx" "structured-int8=$OUT/runs/structured-${SPEEDUP}x-int8.onnx" \
+  --batch-sizes 1,32 --seq-lens 128 --runtimes ort --provider cpu --rounds 5 --out "$OUT/runs/bench-grid"
+run bench-sentences bench --task embedding dense-torch=minilm "dense-int8=$OUT/runs/dense-int8.onnx" \
+  "structured-int8=$OUT/runs/structured-${SPEEDUP}x-int8.onnx" "static=$OUT/runs/static-256" \
+  "${data[@]:2}" --out "$OUT/runs/bench-sentences"
+"$PY" benchmarks/embedding_table.py "$OUT/runs" --out "$OUT/embedding_minilm.json"

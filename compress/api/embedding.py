@@ -1,0 +1,128 @@
+"""The Python API of the embedding task: load a sentence-embedding model with its pooling, embed
+texts, prune it against its own embeddings on unlabelled text, distil it back towards the dense
+model, save it as a folder ``sentence_transformers.SentenceTransformer`` opens, and build the
+static-embedding student. The same blocks as ``compress prune / distill --task embedding``.
+
+    model, tok = compress.load_embedding_model("minilm")
+    dense = copy.deepcopy(model)
+    masks = compress.prune_embedding_model(model, tok, texts, criterion="sparsegpt", sparsity=0.5)
+    compress.distil_embedding_model(model, dense, tok, texts, steps=200, masks=masks)
+    compress.save_embedding_model(model, tok, "pruned-minilm", masks=masks)
+    SentenceTransformer("pruned-minilm")   # the same embeddings
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compress.api import checks as check
+from compress.core.errors import UsageError
+from compress.embedding.model import SentenceEncoder
+
+
+def load_embedding_model(spec: str) -> tuple[SentenceEncoder, Any]:
+    """(model, tokenizer) of ``spec`` (``minilm``, a sentence-transformers folder or hub id, a run
+    folder): the encoder with the pooling and normalisation its sentence-transformers config says
+    (mean pooling and normalisation where it has none)."""
+    from compress.embedding.model import load_sentence_encoder
+
+    model, tokenizer, _ = load_sentence_encoder(spec)
+    return model, tokenizer
+
+
+def embed_texts(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: int = 128
+                ) -> torch.Tensor:
+    """(len(texts), hidden) float32 embeddings on the CPU, as sentence-transformers would give them."""
+    from compress.embedding.model import embed
+
+    check.check_module("model", model)
+    check.check_int("batch_size", batch_size, 1)
+    return embed(model, tokenizer, _texts(texts), batch_size)
+
+
+def _texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise UsageError("texts must be a non-empty list of non-blank strings (unlabelled sentences)")
+    return list(texts)
+
+
+def prune_embedding_model(model: SentenceEncoder, tokenizer, texts: Sequence[str], *,
+                          criterion: str = "sparsegpt", sparsity: float = 0.5, batch_size: int = 32,
+                          max_length: int = 128, structured: bool = False,
+                          flops_reduction: float | None = None, seed: int = 0) -> dict[str, Any]:
+    """Prune ``model`` in place, once, calibrated on ``texts``; no labels.
+
+    Unstructured (``structured=False``): ``criterion`` sparsegpt, wanda or magnitude to ``sparsity``
+    in every encoder matrix; returns the masks (``compress.prune_model``'s). Structured: whole heads
+    and FFN neurons removed by Kwon et al.'s search to ``flops_reduction``, its Fisher taken on the
+    embeddings (``compress.embedding.losses.embedding_fisher``); returns the search's report."""
+    from compress.api.functions import prune_model
+    from compress.embedding.losses import embedding_fisher, text_collate
+
+    check.check_module("model", model)
+    texts = _texts(texts)
+    check.check_int("batch_size", batch_size, 1)
+    check.check_int("max_length", max_length, 2)
+    collate = text_collate(tokenizer, max_length)
+    batches = [collate(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
+    if not structured:
+        if flops_reduction is not None:
+            raise UsageError("flops_reduction sets the target of structured=True; drop it or add "
+                             "structured=True")
+        return prune_model(model.encoder, sparsity, criterion=criterion, seed=seed,
+                           calibration=batches if criterion in ("sparsegpt", "wanda") else None)
+    from compress.pruning.fisher_structured import fisher_prune_structured
+
+    if flops_reduction is None:
+        raise UsageError("structured=True removes heads and FFN neurons to a FLOPs target: pass "
+                         "flops_reduction=F in (0, 1)")
+    fisher = embedding_fisher(model, batches, seed=seed)
+    return fisher_prune_structured(model.encoder, batches, flops_reduction, max_length, fisher=fisher)
+
+
+def distil_embedding_model(student: SentenceEncoder, teacher: SentenceEncoder, tokenizer,
+                           texts: Sequence[str], *, steps: int,
+                           masks: dict[str, torch.Tensor] | None = None, lr: float = 5e-5,
+                           batch_size: int = 32, max_length: int = 128, seed: int = 0) -> dict[str, Any]:
+    """Train ``student`` ``steps`` steps on ``texts`` towards ``teacher``'s embeddings (mean cosine
+    distance), keeping ``masks`` (True = kept) pruned; returns the loop's result (steps, final loss).
+    ``teacher`` is frozen by this call."""
+    from compress.embedding.losses import cosine_distillation_loss, text_collate
+    from compress.pruning.pruner import KeepMasksHook
+    from compress.training.loop import TrainConfig, train
+
+    check.check_module("student", student)
+    check.check_module("teacher", teacher)
+    texts = _texts(texts)
+    check.check_int("steps", steps, 1)
+    cfg = replace(TrainConfig(), max_steps=steps, lr=lr, batch_size=batch_size, max_length=max_length,
+                  seed=seed)
+    hooks = [KeepMasksHook(student.encoder, masks, {})] if masks else []
+    return train(student, tokenizer, texts, cfg, hooks, collate=text_collate(tokenizer, max_length),
+                 loss_fn=cosine_distillation_loss(teacher), hook_module=lambda m: m.encoder)
+
+
+def save_embedding_model(model: SentenceEncoder, tokenizer, folder: str | os.PathLike,
+                         masks: dict[str, torch.Tensor] | None = None, base_model: str | None = None
+                         ) -> Path:
+    """A sentence-transformers folder (weights, tokenizer, modules and pooling config, card) with the
+    masks beside the weights when given; ``SentenceTransformer(folder)`` opens it (a structured-pruned
+    model once ``compress`` is imported, or with ``trust_remote_code=True``)."""
+    from compress.embedding.model import save_sentence_transformer
+    from compress.pruning.integrity import MASKS_FILE, save_masks
+    from compress.report.modelcard import write_model_card
+
+    folder = Path(folder)
+    meta = {"task": "embedding", "head": "sentence-embedding", "max_length": model.pooling.max_length,
+            **({"base_model": base_model} if base_model else {})}
+    save_sentence_transformer(model, tokenizer, folder, meta)
+    if masks:
+        save_masks(masks, folder / MASKS_FILE)
+    write_model_card(folder, model.encoder, meta=meta)
+    return folder

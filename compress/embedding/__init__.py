@@ -1,0 +1,2 @@
+"""Sentence-embedding models: load, pool, score, prune against their own embeddings, save for
+sentence-transformers."""

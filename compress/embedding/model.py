@@ -1,0 +1,196 @@
+"""A sentence-embedding model as ``sentence-transformers`` defines it: a Hugging Face encoder, a
+pooling of its token states (mean, CLS or max, as ``1_Pooling/config.json`` says) and an optional
+l2 normalisation (a ``Normalize`` module in ``modules.json``), with the tokenizer's length limit of
+``sentence_bert_config.json``.
+
+``load_sentence_encoder(spec)`` reads that description from the model folder (or hub repository);
+a plain encoder folder without it gets mean pooling and normalisation, the usual choice, and says
+so in ``pooling.source``. ``save_sentence_transformer`` writes the same files beside the weights,
+so that ``sentence_transformers.SentenceTransformer(folder)`` opens what this project saved and
+gives the same embeddings. Pruning applies to ``SentenceEncoder.encoder``, the Hugging Face model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.core.errors import ModelError
+
+POOLING_MODES = ("mean", "cls", "max")
+MODULES_FILE = "modules.json"
+POOLING_DIR = "1_Pooling"
+NORMALIZE_DIR = "2_Normalize"
+ST_CONFIG = "sentence_bert_config.json"
+ST_MODULE = "sentence_transformers.models."
+DEFAULT_MAX_LENGTH = 256
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How token states become one vector: ``mode`` (mean over real tokens, the [CLS] state, or
+    the max over real tokens), ``normalize`` (unit length) and ``max_length`` (tokens kept);
+    ``source``: where the choice was read (``sentence-transformers config`` or ``default``)."""
+
+    mode: str = "mean"
+    normalize: bool = True
+    max_length: int = DEFAULT_MAX_LENGTH
+    source: str = "default"
+
+    def __post_init__(self):
+        if self.mode not in POOLING_MODES:
+            raise ModelError(f"pooling mode '{self.mode}' is not one of {', '.join(POOLING_MODES)}")
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """(B, T, H) token states and (B, T) attention mask -> (B, H)."""
+    if mode == "cls":
+        return hidden[:, 0]
+    m = mask.to(hidden.dtype)[..., None]
+    if mode == "max":
+        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+class SentenceEncoder(nn.Module):
+    """texts' token ids -> (B, H) sentence embeddings; ``encoder`` is a Hugging Face ``AutoModel``."""
+
+    def __init__(self, encoder: nn.Module, pooling: Pooling):
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+
+    @property
+    def config(self):
+        return self.encoder.config
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        kw = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+        e = pool(hidden, attention_mask, self.pooling.mode)
+        return F.normalize(e, dim=-1) if self.pooling.normalize else e
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{path}: the {what} is not readable JSON ({type(exc).__name__}); copy the model "
+                         "folder again") from None
+
+
+def _st_file(path: str, name: str) -> Path | None:
+    """``name`` inside the model (a local folder, or a hub repository through its cache)."""
+    local = Path(path) / name
+    if Path(path).is_dir():
+        return local if local.is_file() else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(path, name))
+    except Exception:  # noqa: BLE001 - a repository without the file: no sentence-transformers config
+        return None
+
+
+def read_pooling(path: str) -> Pooling:
+    """The pooling ``sentence-transformers`` would use for the model at ``path`` (a folder or hub id)."""
+    modules_file = _st_file(path, MODULES_FILE)
+    if modules_file is None:
+        return Pooling()
+    modules = _read_json(modules_file, MODULES_FILE)
+    kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    if not kinds or kinds[0] != "Transformer" or "Pooling" not in kinds:
+        raise ModelError(f"{path}: {MODULES_FILE} lists {kinds}; only Transformer, Pooling and Normalize "
+                         "pipelines are read (save the model with a Pooling module)")
+    unknown = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
+    if unknown:
+        raise ModelError(f"{path}: {MODULES_FILE} has modules {unknown} this project does not run; "
+                         "only Transformer, Pooling and Normalize pipelines are read")
+    pooling_dir = next(m.get("path", POOLING_DIR) for m in modules if m.get("type", "").endswith("Pooling"))
+    cfg_file = _st_file(path, f"{pooling_dir}/config.json")
+    cfg = _read_json(cfg_file, "pooling config") if cfg_file else {}
+    modes = [m for m, key in (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens"),
+                              ("max", "pooling_mode_max_tokens")) if cfg.get(key)]
+    if cfg.get("pooling_mode") in POOLING_MODES:
+        modes = [cfg["pooling_mode"]]
+    others = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v
+              and k not in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")]
+    if len(modes) != 1 or others:
+        raise ModelError(f"{path}: pooling {cfg} is not one of mean, cls or max alone; this project runs "
+                         "those three")
+    st_cfg_file = _st_file(path, ST_CONFIG)
+    st_cfg = _read_json(st_cfg_file, ST_CONFIG) if st_cfg_file else {}
+    return Pooling(modes[0], "Normalize" in kinds, int(st_cfg.get("max_seq_length") or DEFAULT_MAX_LENGTH),
+                   "sentence-transformers config")
+
+
+def load_sentence_encoder(spec: str, **kwargs):
+    """(SentenceEncoder, tokenizer, metadata) of ``spec``: a folder, run folder, hub id or ``minilm``;
+    ``kwargs`` go to ``from_pretrained`` (e.g. ``attn_implementation``)."""
+    from transformers import AutoModel
+
+    from compress.models.loading import (
+        load_pretrained,
+        load_tokenizer,
+        match_tokenizer_inputs,
+        read_meta,
+        resolve_model,
+    )
+
+    path = resolve_model(spec)
+    pooling = read_pooling(path)
+    encoder = load_pretrained(AutoModel, spec, path, "an encoder", **kwargs)
+    tokenizer = match_tokenizer_inputs(load_tokenizer(spec), encoder)
+    return SentenceEncoder(encoder, pooling), tokenizer, read_meta(path)
+
+
+def tokens(tokenizer, texts: Sequence[str], max_length: int, device="cpu") -> dict:
+    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+@torch.no_grad()
+def embed(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: int = 128,
+          max_length: int | None = None) -> torch.Tensor:
+    """(N, H) float32 embeddings on the CPU. Texts are sorted by length into batches (less padding;
+    the order of the result is the order of ``texts``)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    max_length = max_length or model.pooling.max_length
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = torch.zeros(len(texts), model.config.hidden_size)
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        out[idx] = model(**tokens(tokenizer, [texts[j] for j in idx], max_length, device)).float().cpu()
+    model.train(was_training)
+    return out
+
+
+def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, meta: dict) -> None:
+    """The encoder in Hugging Face format (``compress.models.loading.save_model``: weights, tokenizer,
+    ``compress.json``) plus the ``sentence-transformers`` files: ``modules.json``, the pooling
+    config, ``sentence_bert_config.json`` and, with normalisation, a ``2_Normalize`` folder. The
+    model card (``README.md``) is the caller's (``compress.report.modelcard.write_model_card``)."""
+    from compress.models.loading import save_model
+
+    p = model.pooling
+    save_model(model.encoder, tokenizer, folder, {**meta, "pooling": asdict(p)})
+    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE + "Transformer"},
+               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": ST_MODULE + "Pooling"}]
+    if p.normalize:
+        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": ST_MODULE + "Normalize"})
+        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
+    (folder / POOLING_DIR).mkdir(exist_ok=True)
+    pooling_cfg = {"word_embedding_dimension": model.config.hidden_size,
+                   "pooling_mode_cls_token": p.mode == "cls", "pooling_mode_mean_tokens": p.mode == "mean",
+                   "pooling_mode_max_tokens": p.mode == "max", "pooling_mode_mean_sqrt_len_tokens": False}
+    for path, data in ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
+                       (folder / ST_CONFIG, {"max_seq_length": p.max_length, "do_lower_case": False})):
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,301 @@
+"""Sentence-embedding models: pooling read from the sentence-transformers config, the saved folder
+that sentence-transformers opens, the scores against hand-computed values, the label-free Fisher
+against the exact Gauss-Newton diagonal, the distillation loss and the static-embedding student."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from compress.core.errors import ModelError, UsageError
+from compress.embedding.model import (
+    Pooling,
+    SentenceEncoder,
+    embed,
+    load_sentence_encoder,
+    pool,
+    read_pooling,
+    save_sentence_transformer,
+)
+from compress.embedding.scores import embedding_scores
+from compress.tasks.base import TextDataset
+from compress.tasks.embedding import EmbeddingEval
+from compress.tasks.retrieval import ReQADataset
+
+TEXTS = ["the cat sat on the mat", "a dog ran", "stocks fell sharply today", "rain is expected tomorrow"]
+
+
+def write_st_config(folder: Path, mode: str, normalize: bool, max_length: int = 64) -> None:
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": mode == "cls",
+        "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": mode == "max"}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_length}))
+
+
+@pytest.fixture()
+def st_folder(tiny_bert, tmp_path) -> Path:
+    import shutil
+
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_bert, folder)
+    write_st_config(folder, "cls", normalize=False, max_length=48)
+    return folder
+
+
+def test_pool_modes_match_hand_computed_values():
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, -4.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert torch.allclose(pool(hidden, mask, "mean"), torch.tensor([[2.0, -1.0]]))
+    assert torch.allclose(pool(hidden, mask, "cls"), torch.tensor([[1.0, 2.0]]))
+    assert torch.allclose(pool(hidden, mask, "max"), torch.tensor([[3.0, 2.0]]))  # the padded 100 is ignored
+
+
+def test_pooling_is_read_from_the_sentence_transformers_config(st_folder, tiny_bert):
+    assert read_pooling(str(st_folder)) == Pooling("cls", False, 48, "sentence-transformers config")
+    assert read_pooling(str(tiny_bert)) == Pooling()  # no modules.json: mean + normalise, said so
+    assert read_pooling(str(tiny_bert)).source == "default"
+
+
+def test_unsupported_sentence_transformers_pipelines_are_refused(st_folder):
+    modules = json.loads((st_folder / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (st_folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelError, match="Dense"):
+        read_pooling(str(st_folder))
+    (st_folder / "modules.json").write_text("{not json")
+    with pytest.raises(ModelError, match="not readable JSON"):
+        read_pooling(str(st_folder))
+
+
+@pytest.mark.parametrize("mode,normalize", [("cls", False), ("mean", True), ("max", True)])
+def test_saved_folder_opens_in_sentence_transformers_with_the_same_embeddings(tiny_bert, tmp_path, mode,
+                                                                              normalize):
+    from sentence_transformers import SentenceTransformer
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    model.pooling = Pooling(mode, normalize, 40)
+    ours = embed(model, tok, TEXTS)
+    folder = tmp_path / "saved"
+    save_sentence_transformer(model, tok, folder, {"task": "embedding"})
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert st.max_seq_length == 40
+    theirs = torch.as_tensor(st.encode(TEXTS))
+    assert torch.allclose(theirs, ours, atol=1e-5)
+    reloaded, _, meta = load_sentence_encoder(str(folder))
+    assert reloaded.pooling == Pooling(mode, normalize, 40, "sentence-transformers config")
+    assert meta["pooling"]["mode"] == mode
+    if normalize:
+        assert torch.allclose(ours.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-5)
+
+
+def test_structured_pruned_encoder_saves_as_a_folder_sentence_transformers_opens(tiny_bert, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from compress.pruning.structured import remove_structured
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    remove_structured(model.encoder, [[0, 2], [1, 2, 3]], [list(range(0, 64, 2)), list(range(40))])
+    ours = embed(model, tok, TEXTS)
+    folder = tmp_path / "pruned"
+    save_sentence_transformer(model, tok, folder, {"task": "embedding"})
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "compress_bert"
+    theirs = torch.as_tensor(SentenceTransformer(str(folder), device="cpu").encode(TEXTS))
+    assert torch.allclose(theirs, ours, atol=1e-5)
+
+
+def tiny_eval() -> EmbeddingEval:
+    reqa = ReQADataset(["q0", "q1"], ["Q0", "Q1"], [(1,), (2,)], ["S0", "S1", "S2"], [0, 0, 0], ["c"])
+    pairs = TextDataset(["A", "B", "C"], [1, 0, 1], ("not", "yes"), pairs=["A2", "B2", "C2"])
+    return EmbeddingEval(reqa, pairs)
+
+
+VECTORS = {"Q0": [1, 0], "Q1": [0, 1], "S0": [0.9, 0.1], "S1": [0.8, 0.3], "S2": [0, 1],
+           "A": [1, 0], "A2": [1, 0], "B": [1, 0], "B2": [0.6, 0.8], "C": [0, 1], "C2": [0.28, 0.96]}
+
+
+def test_scores_equal_hand_computed_values():
+    def encode(texts):
+        return torch.tensor([VECTORS[t] for t in texts], dtype=torch.float32)
+
+    scores, emb = embedding_scores(encode, tiny_eval())
+    # Q0 ranks S0 (cos .994) before its gold S1 (.936): rank 2; Q1 ranks its gold S2 first
+    assert scores["reqa"]["p@1"] == pytest.approx(0.5)
+    assert scores["reqa"]["mrr"] == pytest.approx((1 / 2 + 1) / 2)
+    # pair cosines: A 1.0 (label 1), B 0.6 (label 0), C 0.96 (label 1): every positive above the negative
+    assert scores["pairs"]["roc_auc"] == pytest.approx(1.0)
+    assert scores["score"] == scores["reqa"]["p@1"]
+    again, _ = embedding_scores(encode, tiny_eval(), reference=emb)
+    assert again["cosine_to_reference"]["mean"] == pytest.approx(1.0, abs=1e-6)
+    flipped, _ = embedding_scores(lambda t: -encode(t), tiny_eval(), reference=emb)
+    assert flipped["cosine_to_reference"]["mean"] == pytest.approx(-1.0, abs=1e-6)
+
+
+def test_fisher_of_random_projections_estimates_the_gauss_newton_diagonal(tiny_bert):
+    """The projected-embedding Fisher of each head mask against sum_d (d e_d / d m)^2 computed
+    exactly, one backward pass per embedding dimension."""
+    from compress.embedding.losses import embedding_fisher
+    from compress.embedding.model import tokens
+    from compress.pruning.fisher_masks import unit_masks
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    model.eval()
+    batch = tokens(tok, TEXTS[:2], 16)
+    fisher = embedding_fisher(model, [batch], draws=600, seed=0)
+    exact = torch.zeros(2, 4)
+    heads = [torch.ones(1, 4, requires_grad=True) for _ in range(2)]
+    neurons = [torch.ones(1, 64, requires_grad=True) for _ in range(2)]
+    with unit_masks(model.encoder, heads, neurons):
+        for row in range(2):
+            single = {k: v[row:row + 1] for k, v in batch.items()}
+            e = model(**single)[0]
+            for d in range(e.shape[0]):
+                grads = torch.autograd.grad(e[d], heads, retain_graph=True)
+                exact += torch.cat(grads).pow(2)
+    estimate = torch.stack(fisher.heads) / 600
+    assert "Gauss-Newton" in fisher.loss
+    assert torch.allclose(estimate, exact, rtol=0.25, atol=1e-3 * float(exact.max()))
+
+
+def test_cosine_distillation_loss_is_zero_for_the_teacher_and_training_lowers_it(tiny_bert):
+    import copy
+
+    from compress.embedding.losses import cosine_distillation_loss
+    from compress.embedding.model import tokens
+
+    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
+    student = copy.deepcopy(teacher)
+    loss = cosine_distillation_loss(teacher)
+    batch = tokens(tok, TEXTS, 16)
+    assert float(loss(student, batch)[0]) == pytest.approx(0.0, abs=1e-6)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in student.encoder.encoder.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    student.train()
+    opt = torch.optim.Adam(student.parameters(), lr=1e-3)
+    before = float(loss(student, batch)[0])
+    for _ in range(20):
+        opt.zero_grad()
+        value, _ = loss(student, batch)
+        value.backward()
+        opt.step()
+    assert before > 1e-4
+    assert float(loss(student, batch)[0]) < before / 2
+
+
+def test_static_student_token_vectors_are_the_teachers_pooled_outputs(tiny_bert):
+    from compress.distill.static_embedding import special_ids, token_vectors
+
+    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
+    vectors = token_vectors(teacher, tok, batch_size=4096)
+    for token in ("cat", "##ing", "mat"):
+        i = tok.convert_tokens_to_ids(token)
+        x = torch.tensor([[tok.cls_token_id, i, tok.sep_token_id]])
+        with torch.no_grad():
+            hidden = teacher.encoder(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
+        want = hidden.mean(1)[0]
+        assert torch.allclose(vectors[i], want, atol=1e-5)
+    for i in special_ids(tok):
+        assert not vectors[i].any()
+    assert tok.unk_token_id not in special_ids(tok)
+
+
+def test_static_student_means_its_token_vectors_without_special_tokens(tmp_path, tiny_bert):
+    from transformers import AutoTokenizer
+
+    from students.static_embedding import StaticEmbeddingConfig, StaticEmbeddingStudent, encode_static
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    vocab = len(tok)
+    vectors = torch.randn(vocab, 6, generator=torch.Generator().manual_seed(0))
+    skip = (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
+    student = StaticEmbeddingStudent(StaticEmbeddingConfig(vocab, 6, False, skip), vectors)
+    got = encode_static(student, tok, ["the cat", "a dog ran"])
+    for row, text in enumerate(["the cat", "a dog ran"]):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert torch.allclose(got[row], vectors[ids].mean(0), atol=1e-6)
+    student.save(tmp_path / "s", tok)
+    again = StaticEmbeddingStudent.load(tmp_path / "s")
+    assert torch.equal(encode_static(again, tok, ["the cat"]), got[:1])
+    with pytest.raises(ModelError, match="no static-embedding student"):
+        StaticEmbeddingStudent.load(tmp_path)
+
+
+def test_frequency_weights_follow_their_formulas(tiny_bert):
+    from transformers import AutoTokenizer
+
+    from compress.distill.static_embedding import sif_weights, text_probabilities, zipf_probabilities
+
+    z = zipf_probabilities(4)
+    inv = np.array([1 / 2, 1 / 3, 1 / 4, 1 / 5])
+    assert np.allclose(z, inv / inv.sum())
+    assert np.allclose(sif_weights(np.array([0.0, 1e-4, 1.0]), 1e-4), [1.0, 0.5, 1e-4 / (1 + 1e-4)])
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    p = text_probabilities(tok, ["cat cat dog"], len(tok))
+    cat, dog = tok.convert_tokens_to_ids(["cat", "dog"])
+    total = len(tok) + 3
+    assert p[cat] == pytest.approx(3 / total) and p[dog] == pytest.approx(2 / total)
+
+
+def test_static_distillation_refuses_bad_settings(tiny_bert):
+    from compress.distill.static_embedding import distil_static
+
+    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
+    with pytest.raises(UsageError, match="unknown weighting 'idf'"):
+        distil_static(teacher, tok, 8, "idf")
+    with pytest.raises(UsageError, match="weighting 'text'"):
+        distil_static(teacher, tok, 8, "text", texts=())
+    with pytest.raises(UsageError, match="--dims 64"):
+        distil_static(teacher, tok, 64, "zipf")
+
+
+def test_sentence_encoder_forward_normalises_only_where_configured(tiny_bert):
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    raw = SentenceEncoder(model.encoder, Pooling("mean", False))
+    unit = SentenceEncoder(model.encoder, Pooling("mean", True))
+    a, b = embed(raw, tok, TEXTS), embed(unit, tok, TEXTS)
+    assert torch.allclose(torch.nn.functional.normalize(a, dim=-1), b, atol=1e-6)
+    assert not torch.allclose(a.norm(dim=-1), torch.ones(len(TEXTS)))
+
+
+def test_python_api_prunes_distils_and_saves_what_sentence_transformers_opens(tiny_bert, tmp_path):
+    import copy
+
+    from sentence_transformers import SentenceTransformer
+
+    import compress
+
+    model, tok = compress.load_embedding_model(str(tiny_bert))
+    dense = copy.deepcopy(model)
+    texts = TEXTS * 4
+    masks = compress.prune_embedding_model(model, tok, texts, criterion="wanda", sparsity=0.5, batch_size=4)
+    q = "encoder.layer.0.attention.self.query.weight"
+    assert float((~masks[q]).float().mean()) == pytest.approx(0.5, abs=0.02)
+    before = compress.embed_texts(model, tok, TEXTS)
+    result = compress.distil_embedding_model(model, dense, tok, texts, steps=3, masks=masks, lr=1e-3,
+                                             batch_size=4)
+    assert result["steps"] == 3
+    after = compress.embed_texts(model, tok, TEXTS)
+    assert not torch.allclose(before, after)  # it trained
+    assert torch.equal(model.encoder.state_dict()[q] == 0, ~masks[q])  # and kept the zeros
+    folder = compress.save_embedding_model(model, tok, tmp_path / "api", masks=masks)
+    theirs = torch.as_tensor(SentenceTransformer(str(folder), device="cpu").encode(TEXTS))
+    assert torch.allclose(theirs, after, atol=1e-5)
+    with pytest.raises(UsageError, match="non-empty list"):
+        compress.prune_embedding_model(model, tok, "one string")
+    with pytest.raises(UsageError, match="flops_reduction=F"):
+        compress.prune_embedding_model(model, tok, texts, structured=True)
+    report = compress.prune_embedding_model(dense, tok, texts, structured=True, flops_reduction=0.3,
+                                            batch_size=4)
+    assert report["flops_reduction"] >= 0.3 and "Gauss-Newton" in report["loss"]
