@@ -33,21 +33,30 @@ run() {  # run NAME ARGS...: one compress command into $OUT/runs/NAME, unless fi
 }
 run dense-eval eval --model minilm "${data[@]}" --out "$OUT/runs/dense-eval"
 post=(prune --stage post-training --model minilm "${data[@]}")
-for seed in $SEEDS; do
-  run "sparsegpt-50-seed$seed" "${post[@]}" --criterion sparsegpt --sparsity 0.5 --seed "$seed" --out "$OUT/runs/sparsegpt-50-seed$seed"
+# the same structured prune (same seed, same Fisher), two recoveries: embeddings alone, and
+# embeddings plus the layer-wise MSE of the kept layers
+s="structured-${SPEEDUP}x"
+run "$s" "${post[@]}" --structured heads,ffn --criterion fisher --speedup "$SPEEDUP" \
+  --recovery-steps "$RECOVERY" --out "$OUT/runs/$s"
+run "$s-layers" "${post[@]}" --structured heads,ffn --criterion fisher --speedup "$SPEEDUP" \
+  --recovery-steps "$RECOVERY" --teacher self --kd-layers 1 --out "$OUT/runs/$s-layers"
+run dense-int8 export minilm --to "$OUT/runs/dense-int8.onnx" --optimize --quantize int8 "${data[@]}"
+for m in "$s" "$s-layers"; do
+  run "$m-int8" export "$OUT/runs/$m" --to "$OUT/runs/$m-int8.onnx" --optimize --quantize int8 "${data[@]}"
 done
-run sparsegpt-50-2048 "${post[@]}" --criterion sparsegpt --sparsity 0.5 --calibration-samples 2048 --out "$OUT/runs/sparsegpt-50-2048"
+for seed in $SEEDS; do
+  run "sparsegpt-50-seed$seed" "${post[@]}" --criterion sparsegpt --sparsity 0.5 --seed "$seed" \
+    --out "$OUT/runs/sparsegpt-50-seed$seed"
+done
+run sparsegpt-50-2048 "${post[@]}" --criterion sparsegpt --sparsity 0.5 --calibration-samples 2048 \
+  --out "$OUT/runs/sparsegpt-50-2048"
 run wanda-50 "${post[@]}" --criterion wanda --sparsity 0.5 --out "$OUT/runs/wanda-50"
 run magnitude-50 "${post[@]}" --criterion magnitude --sparsity 0.5 --out "$OUT/runs/magnitude-50"
-run "structured-${SPEEDUP}x" "${post[@]}" --structured heads,ffn --criterion fisher --speedup "$SPEEDUP" \
-  --recovery-steps "$RECOVERY" --out "$OUT/runs/structured-${SPEEDUP}x"
-run dense-int8 export minilm --to "$OUT/runs/dense-int8.onnx" --optimize --quantize int8 "${data[@]}"
-run "structured-${SPEEDUP}x-int8" export "$OUT/runs/structured-${SPEEDUP}x" --to "$OUT/runs/structured-${SPEEDUP}x-int8.onnx" \
-  --optimize --quantize int8 "${data[@]}"
 run static-256 distill --student static --teacher minilm "${data[@]}" --out "$OUT/runs/static-256"
-run bench-grid bench "dense-int8=$OUT/runs/dense-int8.onnx" "structured-int8=$OUT/runs/structured-${SPEEDUP}x-int8.onnx" \
-  --batch-sizes 1,32 --seq-lens 128 --runtimes ort --provider cpu --rounds 5 --out "$OUT/runs/bench-grid"
+run bench-grid bench "dense-int8=$OUT/runs/dense-int8.onnx" "structured-int8=$OUT/runs/$s-int8.onnx" \
+  "structured-layers-int8=$OUT/runs/$s-layers-int8.onnx" --batch-sizes 1,32 --seq-lens 128 --runtimes ort \
+  --provider cpu --rounds 5 --out "$OUT/runs/bench-grid"
 run bench-sentences bench --task embedding dense-torch=minilm "dense-int8=$OUT/runs/dense-int8.onnx" \
-  "structured-int8=$OUT/runs/structured-${SPEEDUP}x-int8.onnx" "static=$OUT/runs/static-256" \
-  "${data[@]:2}" --out "$OUT/runs/bench-sentences"
+  "structured-int8=$OUT/runs/$s-int8.onnx" "structured-layers-int8=$OUT/runs/$s-layers-int8.onnx" \
+  "static=$OUT/runs/static-256" "${data[@]:2}" --out "$OUT/runs/bench-sentences"
 "$PY" benchmarks/embedding_table.py "$OUT/runs" --out "$OUT/embedding_minilm.json"

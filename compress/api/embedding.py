@@ -69,7 +69,7 @@ def prune_embedding_model(model: SentenceEncoder, tokenizer, texts: Sequence[str
     texts = _texts(texts)
     check.check_int("batch_size", batch_size, 1)
     check.check_int("max_length", max_length, 2)
-    collate = text_collate(tokenizer, max_length)
+    collate = text_collate(tokenizer, max_length, model.pooling.lower_case)
     batches = [collate(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
     if not structured:
         if flops_reduction is not None:
@@ -104,7 +104,8 @@ def distil_embedding_model(student: SentenceEncoder, teacher: SentenceEncoder, t
     cfg = replace(TrainConfig(), max_steps=steps, lr=lr, batch_size=batch_size, max_length=max_length,
                   seed=seed)
     hooks = [KeepMasksHook(student.encoder, masks, {})] if masks else []
-    return train(student, tokenizer, texts, cfg, hooks, collate=text_collate(tokenizer, max_length),
+    collate = text_collate(tokenizer, max_length, student.pooling.lower_case)
+    return train(student, tokenizer, texts, cfg, hooks, collate=collate,
                  loss_fn=cosine_distillation_loss(teacher), hook_module=lambda m: m.encoder)
 
 

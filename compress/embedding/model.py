@@ -36,12 +36,14 @@ DEFAULT_MAX_LENGTH = 256
 class Pooling:
     """How token states become one vector: ``mode`` (mean over real tokens, the [CLS] state, or
     the max over real tokens), ``normalize`` (unit length) and ``max_length`` (tokens kept);
-    ``source``: where the choice was read (``sentence-transformers config`` or ``default``)."""
+    ``source``: where the choice was read (``sentence-transformers config`` or ``default``);
+    ``lower_case``: texts are lowercased before tokenising (``do_lower_case``)."""
 
     mode: str = "mean"
     normalize: bool = True
     max_length: int = DEFAULT_MAX_LENGTH
     source: str = "default"
+    lower_case: bool = False
 
     def __post_init__(self):
         if self.mode not in POOLING_MODES:
@@ -73,6 +75,10 @@ class SentenceEncoder(nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         kw = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+        return self.embedding_of(hidden, attention_mask)
+
+    def embedding_of(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The sentence embedding of the encoder's last token states (pooled, normalised if so)."""
         e = pool(hidden, attention_mask, self.pooling.mode)
         return F.normalize(e, dim=-1) if self.pooling.normalize else e
 
@@ -127,7 +133,7 @@ def read_pooling(path: str) -> Pooling:
     st_cfg_file = _st_file(path, ST_CONFIG)
     st_cfg = _read_json(st_cfg_file, ST_CONFIG) if st_cfg_file else {}
     return Pooling(modes[0], "Normalize" in kinds, int(st_cfg.get("max_seq_length") or DEFAULT_MAX_LENGTH),
-                   "sentence-transformers config")
+                   "sentence-transformers config", bool(st_cfg.get("do_lower_case", False)))
 
 
 def load_sentence_encoder(spec: str, **kwargs):
@@ -150,8 +156,11 @@ def load_sentence_encoder(spec: str, **kwargs):
     return SentenceEncoder(encoder, pooling), tokenizer, read_meta(path)
 
 
-def tokens(tokenizer, texts: Sequence[str], max_length: int, device="cpu") -> dict:
-    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+def tokens(tokenizer, texts: Sequence[str], max_length: int, device="cpu", lower_case: bool = False) -> dict:
+    """Padded model inputs of ``texts`` (lowercased first with ``lower_case``, as
+    sentence-transformers does for ``do_lower_case``)."""
+    texts = [t.lower() for t in texts] if lower_case else list(texts)
+    enc = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
     return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
@@ -168,7 +177,8 @@ def embed(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: i
     out = torch.zeros(len(texts), model.config.hidden_size)
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        out[idx] = model(**tokens(tokenizer, [texts[j] for j in idx], max_length, device)).float().cpu()
+        batch = tokens(tokenizer, [texts[j] for j in idx], max_length, device, model.pooling.lower_case)
+        out[idx] = model(**batch).float().cpu()
     model.train(was_training)
     return out
 
@@ -192,5 +202,5 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
                    "pooling_mode_cls_token": p.mode == "cls", "pooling_mode_mean_tokens": p.mode == "mean",
                    "pooling_mode_max_tokens": p.mode == "max", "pooling_mode_mean_sqrt_len_tokens": False}
     for path, data in ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
-                       (folder / ST_CONFIG, {"max_seq_length": p.max_length, "do_lower_case": False})):
+                       (folder / ST_CONFIG, {"max_seq_length": p.max_length, "do_lower_case": p.lower_case})):
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

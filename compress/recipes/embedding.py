@@ -58,9 +58,10 @@ def eval_embedding(cfg) -> dict:
 PARITY_COSINE = 0.99  # mean cosine to the PyTorch embeddings an export should keep
 
 
-def onnx_scorer(path, tokenizer, max_length: int, provider: str | None, batch_size: int = 64
-                ) -> Callable[[list[str]], torch.Tensor]:
-    """``encode(texts)`` of an exported sentence-embedding graph (output ``sentence_embedding``)."""
+def onnx_scorer(path, tokenizer, max_length: int, provider: str | None, batch_size: int = 64,
+                lower_case: bool = False) -> Callable[[list[str]], torch.Tensor]:
+    """``encode(texts)`` of an exported sentence-embedding graph (output ``sentence_embedding``);
+    ``lower_case``: the exported model's ``do_lower_case``."""
     from compress.embedding.model import tokens
     from compress.export.ort import OrtModel
 
@@ -71,7 +72,8 @@ def onnx_scorer(path, tokenizer, max_length: int, provider: str | None, batch_si
         out = None
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
-            feeds = {k: v.numpy() for k, v in tokens(tokenizer, [texts[j] for j in idx], max_length).items()}
+            batch = tokens(tokenizer, [texts[j] for j in idx], max_length, lower_case=lower_case)
+            feeds = {k: v.numpy() for k, v in batch.items()}
             got = torch.as_tensor(session.run(feeds)["sentence_embedding"]).float()
             out = torch.zeros(len(texts), got.shape[1]) if out is None else out
             out[idx] = got
@@ -98,7 +100,8 @@ def onnx_embedding_report(loaded, fp32_path, final_path, target: str, data: Embe
         if why is not None:
             out[name] = {"skipped": why}
             continue
-        out[name], _ = embedding_scores(onnx_scorer(path, tokenizer, length, provider), data, reference)
+        encode = onnx_scorer(path, tokenizer, length, provider, lower_case=model.pooling.lower_case)
+        out[name], _ = embedding_scores(encode, data, reference)
     written = out[target]
     if "cosine_to_reference" in written:
         out["parity_cosine"] = PARITY_COSINE

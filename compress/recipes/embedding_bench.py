@@ -91,8 +91,13 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig) -> tuple[str, Callable[[lis
     if path.endswith(".onnx"):
         if not p.is_file():
             raise ModelError(f"ONNX file not found: {p}")
-        tokenizer = load_tokenizer(_export_source(path))
-        return "onnx", onnx_scorer(p, tokenizer, cfg.max_length, cfg.provider, cfg.batch_size)
+        from compress.embedding.model import read_pooling
+        from compress.models.loading import resolve_model
+
+        source = _export_source(path)
+        lower = read_pooling(resolve_model(source)).lower_case
+        return "onnx", onnx_scorer(p, load_tokenizer(source), cfg.max_length, cfg.provider, cfg.batch_size,
+                                   lower)
     folder = next((f for f in (p / "student", p) if (f / CONFIG_FILE).is_file()), None)
     if folder is not None:
         from transformers import AutoTokenizer

@@ -28,6 +28,8 @@ import torch
 from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
+from compress.distill.losses import DEFAULT_TEMPERATURE
+from compress.distill.teacher_kd import TEACHER_SELF
 from compress.embedding.losses import cosine_distillation_loss, embedding_fisher, text_collate
 from compress.embedding.model import embed, load_sentence_encoder, save_sentence_transformer
 from compress.embedding.scores import brief, embedding_scores
@@ -55,9 +57,14 @@ def check_embedding_config(cfg: PruneConfig) -> None:
         raise UsageError(f"--task embedding prunes a sentence-embedding model once, from unlabelled text: "
                          f"use --stage post-training (not {cfg.stage}); add --recovery-steps N to distil "
                          "it from its dense original after")
-    if cfg.teacher is not None:
-        raise UsageError("--task embedding always recovers by distillation from the dense model's "
-                         "embeddings; drop --teacher")
+    if cfg.teacher not in (None, TEACHER_SELF):
+        raise UsageError(f"--task embedding recovers by distillation from the dense model itself: use "
+                         f"--teacher self (needed for --kd-layers) or no --teacher, not {cfg.teacher}")
+    logits = [f"--{n.replace('_', '-')}" for n, default in (("kd_lambda", None), ("kd_hidden", 0.0))
+              if getattr(cfg, n) != default]
+    if logits or cfg.temperature != DEFAULT_TEMPERATURE:
+        raise UsageError(f"{', '.join(logits or ['--temperature'])}: an embedding model has no logits to "
+                         "distil; its recovery matches embeddings (and layers, with --kd-layers W)")
     if len(cfg.speedup) > 1:
         raise UsageError("--task embedding builds one model per run: give one --speedup target")
 
@@ -66,8 +73,9 @@ def calibration_texts(cfg: PruneConfig, texts: list[str]) -> list[str]:
     return [texts[i] for i in calibration_sample(len(texts), cfg.calibration_samples, cfg.seed)]
 
 
-def text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int) -> list[dict]:
-    collate = text_collate(tokenizer, max_length)
+def text_batches(tokenizer, texts: list[str], batch_size: int, max_length: int, lower_case: bool
+                 ) -> list[dict]:
+    collate = text_collate(tokenizer, max_length, lower_case)
     return [collate(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
 
 
@@ -107,7 +115,8 @@ def prune_post_training_embedding(cfg: PruneConfig) -> Path:
         dense, reference = embedding_scores(score, data)
         run.log_metrics({"phase": "dense", "eval": dense})
         t_prune = time.time()
-        batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length)
+        lower = model.pooling.lower_case
+        batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length, lower)
         fisher = (embedding_fisher(model, batches, seed=cfg.seed)
                   if cfg.structured and cfg.criterion == "fisher" else None)
         masks, calibration, structured = prune_once(cfg, model.encoder, targets, batches, initial, run,
@@ -121,15 +130,16 @@ def prune_post_training_embedding(cfg: PruneConfig) -> Path:
             hooks = [KeepMasksHook(model.encoder, masks, {})] if masks else []
             steps = train(model, tokenizer, texts, replace(cfg, max_steps=cfg.recovery_steps), hooks,
                           log=lambda r: run.log_metrics({"phase": "recovery", **r}),
-                          checkpoint_dir=run.checkpoint_dir, collate=text_collate(tokenizer, max_length),
-                          loss_fn=cosine_distillation_loss(dense_model),
+                          checkpoint_dir=run.checkpoint_dir,
+                          collate=text_collate(tokenizer, max_length, lower),
+                          loss_fn=cosine_distillation_loss(dense_model, cfg.kd_layers),
                           hook_module=lambda m: m.encoder)["steps"]
             metrics, _ = embedding_scores(score, data, reference)
             run.log_metrics({"phase": "recovery", "step": steps, "eval": metrics})
         meta = {"task": EMBEDDING_TASK, "head": "sentence-embedding", "max_length": max_length,
                 "base_model": cfg.model, "pruning": post_training_meta(cfg, masks, structured),
                 **({"distillation": {"loss": "cosine distance to the dense model's embeddings",
-                                     "steps": steps}} if steps else {})}
+                                     "layers_weight": cfg.kd_layers, "steps": steps}} if steps else {})}
         if run.rank == 0:
             folder = run.path / "model"
             save_sentence_transformer(model, tokenizer, folder, meta)

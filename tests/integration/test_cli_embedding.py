@@ -68,6 +68,7 @@ def test_sparsegpt_with_distillation_keeps_masks_and_saves_a_sentence_transforme
     run = tmp_path / "sgpt"
     r = run_cli("prune", "--stage", "post-training", "--task", "embedding", "--model", str(tiny_bert),
                 "--criterion", "sparsegpt", "--sparsity", "0.5", "--recovery-steps", "3",
+                "--teacher", "self", "--kd-layers", "1", "--log-every", "1",
                 "--data-dir", str(data_dir), "--out", str(run), *FAST)
     assert r.returncode == 0, r.stderr
     s = _summary(run)
@@ -75,6 +76,10 @@ def test_sparsegpt_with_distillation_keeps_masks_and_saves_a_sentence_transforme
     assert s["sentence_transformers"]["equal_to_1e-5"] is True
     assert s["eval"]["cosine_to_reference"]["n"] > 0
     assert s["sparsity"]["encoder"] == pytest.approx(0.5, abs=0.01)
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if r.get("phase") == "recovery" and "loss" in r]
+    # the layer-wise term is on: each step's loss is cosine + 1 x layers
+    assert steps and all(r["loss"] == pytest.approx(r["cosine"] + r["layers"], rel=1e-4) for r in steps)
     weights = load_file(str(run / "model" / "model.safetensors"))
     q = weights["encoder.layer.0.attention.self.query.weight"]
     assert float((q == 0).float().mean()) == pytest.approx(0.5, abs=0.02)  # kept through the recovery
@@ -129,8 +134,10 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
 
 @pytest.mark.parametrize("args,message", [
     (("prune", "--task", "embedding", "--stage", "finetune"), "use --stage post-training"),
-    (("prune", "--task", "embedding", "--stage", "post-training", "--teacher", "self",
-      "--recovery-steps", "2"), "drop --teacher"),
+    (("prune", "--task", "embedding", "--stage", "post-training", "--teacher", "minilm",
+      "--recovery-steps", "2"), "use --teacher self"),
+    (("prune", "--task", "embedding", "--stage", "post-training", "--teacher", "self", "--kd-lambda", "2",
+      "--recovery-steps", "2"), "has no logits"),
     (("distill", "--task", "embedding", "--student", "bilstm"), "one student, 'static'"),
     (("distill", "--task", "sst2", "--student", "static"), "add --task embedding"),
     (("bench", "minilm", "--timed-texts", "5"), "apply with --task embedding"),

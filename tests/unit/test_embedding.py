@@ -299,3 +299,48 @@ def test_python_api_prunes_distils_and_saves_what_sentence_transformers_opens(ti
     report = compress.prune_embedding_model(dense, tok, texts, structured=True, flops_reduction=0.3,
                                             batch_size=4)
     assert report["flops_reduction"] >= 0.3 and "Gauss-Newton" in report["loss"]
+
+
+def test_do_lower_case_is_read_applied_and_saved_as_sentence_transformers_does(tiny_encoder, tmp_path):
+    import dataclasses
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "cased"
+    shutil.copytree(tiny_encoder("roberta"), folder)  # a byte-level BPE: case changes its tokens
+    write_st_config(folder, "mean", normalize=True)
+    st_cfg = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({**st_cfg, "do_lower_case": True}))
+    model, tok, _ = load_sentence_encoder(str(folder))
+    assert model.pooling.lower_case is True
+    texts = ["Paris Is The Capital", "THE SEINE FLOWS"]
+    ours = embed(model, tok, texts)
+    assert torch.allclose(ours, torch.as_tensor(SentenceTransformer(str(folder), device="cpu").encode(texts)),
+                          atol=1e-5)
+    cased = SentenceEncoder(model.encoder, dataclasses.replace(model.pooling, lower_case=False))
+    assert not torch.allclose(embed(cased, tok, texts), ours, atol=1e-3)
+    save_sentence_transformer(model, tok, tmp_path / "saved", {"task": "embedding"})
+    assert json.loads((tmp_path / "saved" / "sentence_bert_config.json").read_text())["do_lower_case"] is True
+
+
+def test_layer_states_are_the_hidden_states_and_survive_an_emptied_block(tiny_bert):
+    from compress.embedding.losses import cosine_distillation_loss, layer_states
+    from compress.embedding.model import tokens
+    from compress.pruning.structured import remove_structured
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    teacher, _, _ = load_sentence_encoder(str(tiny_bert))
+    batch = tokens(tok, TEXTS, 16)
+    last, hidden = layer_states(model.encoder, batch)
+    want = model.encoder(**batch, output_hidden_states=True).hidden_states
+    assert len(hidden) == len(want) == 3
+    assert all(torch.allclose(h, w) for h, w in zip(hidden[1:], want[1:]))
+    assert torch.allclose(last, want[-1])
+    # layer 0 loses its whole attention block, layer 1 its whole FFN
+    remove_structured(model.encoder, [[], [0, 1]], [list(range(64)), []])
+    last, hidden = layer_states(model.encoder, batch)
+    assert all(h.shape == last.shape for h in hidden[1:]) and torch.allclose(hidden[-1], last)
+    value, extra = cosine_distillation_loss(teacher, 2.0)(model, batch)
+    assert float(value) == pytest.approx(extra["cosine"] + 2.0 * extra["layers"], rel=1e-5)
+    assert extra["layers"] > 0
