@@ -103,6 +103,24 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
     assert s["structured"]["flops_reduction"] >= 0.4
     assert json.loads((run / "model" / "config.json").read_text())["model_type"] == "compress_bert"
     assert s["sentence_transformers"]["equal_to_1e-5"] is True
+    # where compress is not imported, the folder's own loading code serves sentence-transformers
+    import subprocess
+    import sys
+
+    from compress.embedding.model import embed, load_sentence_encoder
+
+    texts = ["Paris is the capital of France.", "The Seine flows through it."]
+    code = ("import json, sys; from sentence_transformers import SentenceTransformer; "
+            f"m = SentenceTransformer({str(run / 'model')!r}, trust_remote_code=True, device='cpu'); "
+            f"print(json.dumps({{'emb': m.encode({texts!r}).tolist(), "
+            "'compress': any(k.startswith('compress') for k in sys.modules)}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    fresh = json.loads(out.stdout.strip().splitlines()[-1])
+    model, tok, _ = load_sentence_encoder(str(run))
+    assert fresh["compress"] is False
+    assert torch.allclose(torch.tensor(fresh["emb"]), embed(model, tok, texts), atol=1e-5)
     onnx = tmp_path / "fisher-int8.onnx"
     r = run_cli("export", str(run), "--to", str(onnx), "--quantize", "int8", "--task", "embedding",
                 "--data-dir", str(data_dir))
