@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from compress.embedding.model import SentenceEncoder, pool, tokens
+from compress.embedding.model import SentenceEncoder, tokens
 
 FISHER_DRAWS = 4
 PROJECTION_KEY = "labels"  # the batch key the Fisher and calibration code treat as a label (not an input)
@@ -93,9 +93,7 @@ def projected_embedding_loss(model: SentenceEncoder) -> Callable[[object, dict],
     """``loss_fn(outputs, batch) -> [batch]`` for ``fisher_importance`` on ``model.encoder``: the
     pooled (and normalised) embedding projected on the batch's random directions."""
     def loss(outputs, batch: dict) -> torch.Tensor:
-        e = pool(outputs.last_hidden_state, batch["attention_mask"], model.pooling.mode)
-        if model.pooling.normalize:
-            e = F.normalize(e, dim=-1)
+        e = model.embedding_of(outputs.last_hidden_state, batch["attention_mask"])
         return (e * batch[PROJECTION_KEY].to(e.dtype)).sum(-1)
     return loss
 
@@ -115,7 +113,7 @@ def embedding_fisher(model: SentenceEncoder, batches: Sequence[dict], draws: int
 
     from compress.pruning.fisher_masks import fisher_importance
 
-    projected = with_projections(batches, model.config.hidden_size, draws, seed)
+    projected = with_projections(batches, model.dim, draws, seed)
     fisher = fisher_importance(model.encoder, projected, projected_embedding_loss(model))
     return replace(fisher, loss=f"Gauss-Newton of the distance to the dense embeddings ({draws} random "
                                 "projections per sentence)")

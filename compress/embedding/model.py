@@ -3,6 +3,9 @@ pooling of its token states (mean, CLS or max, as ``1_Pooling/config.json`` says
 l2 normalisation (a ``Normalize`` module in ``modules.json``), with the tokenizer's length limit of
 ``sentence_bert_config.json``.
 
+Dense modules after the pooling (LaBSE-style projections) are loaded with sentence-transformers' own
+``Dense`` class and run after the pooling, before the normalisation; they are not pruned.
+
 ``load_sentence_encoder(spec)`` reads that description from the model folder (or hub repository);
 a plain encoder folder without it gets mean pooling and normalisation, the usual choice, and says
 so in ``pooling.source``. ``save_sentence_transformer`` writes the same files beside the weights,
@@ -26,7 +29,6 @@ from compress.core.errors import ModelError
 POOLING_MODES = ("mean", "cls", "max")
 MODULES_FILE = "modules.json"
 POOLING_DIR = "1_Pooling"
-NORMALIZE_DIR = "2_Normalize"
 ST_CONFIG = "sentence_bert_config.json"
 ST_MODULE = "sentence_transformers.models."
 DEFAULT_MAX_LENGTH = 256
@@ -61,16 +63,23 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 class SentenceEncoder(nn.Module):
-    """texts' token ids -> (B, H) sentence embeddings; ``encoder`` is a Hugging Face ``AutoModel``."""
+    """texts' token ids -> (B, D) sentence embeddings; ``encoder`` is a Hugging Face ``AutoModel``,
+    ``dense`` the sentence-transformers ``Dense`` modules after the pooling, by their folder name."""
 
-    def __init__(self, encoder: nn.Module, pooling: Pooling):
+    def __init__(self, encoder: nn.Module, pooling: Pooling, dense: dict[str, nn.Module] | None = None):
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
+        self.dense = nn.ModuleDict(dense or {})
 
     @property
     def config(self):
         return self.encoder.config
+
+    @property
+    def dim(self) -> int:
+        """Width of the sentence embedding (the last Dense module's, else the encoder's)."""
+        return list(self.dense.values())[-1].out_features if len(self.dense) else self.config.hidden_size
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         kw = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
@@ -80,6 +89,8 @@ class SentenceEncoder(nn.Module):
     def embedding_of(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The sentence embedding of the encoder's last token states (pooled, normalised if so)."""
         e = pool(hidden, attention_mask, self.pooling.mode)
+        for module in self.dense.values():
+            e = module({"sentence_embedding": e})["sentence_embedding"]
         return F.normalize(e, dim=-1) if self.pooling.normalize else e
 
 
@@ -111,13 +122,10 @@ def read_pooling(path: str) -> Pooling:
         return Pooling()
     modules = _read_json(modules_file, MODULES_FILE)
     kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
-    if not kinds or kinds[0] != "Transformer" or "Pooling" not in kinds:
-        raise ModelError(f"{path}: {MODULES_FILE} lists {kinds}; only Transformer, Pooling and Normalize "
-                         "pipelines are read (save the model with a Pooling module)")
-    unknown = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
-    if unknown:
-        raise ModelError(f"{path}: {MODULES_FILE} has modules {unknown} this project does not run; "
-                         "only Transformer, Pooling and Normalize pipelines are read")
+    dense = ["Dense"] * (len(kinds) - 2 - ("Normalize" in kinds))
+    if kinds not in (["Transformer", "Pooling", *dense], ["Transformer", "Pooling", *dense, "Normalize"]):
+        raise ModelError(f"{path}: {MODULES_FILE} lists {kinds}; this project runs Transformer, Pooling, "
+                         "optional Dense modules and an optional Normalize, in that order")
     pooling_dir = next(m.get("path", POOLING_DIR) for m in modules if m.get("type", "").endswith("Pooling"))
     cfg_file = _st_file(path, f"{pooling_dir}/config.json")
     cfg = _read_json(cfg_file, "pooling config") if cfg_file else {}
@@ -153,7 +161,25 @@ def load_sentence_encoder(spec: str, **kwargs):
     pooling = read_pooling(path)
     encoder = load_pretrained(AutoModel, spec, path, "an encoder", **kwargs)
     tokenizer = match_tokenizer_inputs(load_tokenizer(spec), encoder)
-    return SentenceEncoder(encoder, pooling), tokenizer, read_meta(path)
+    return SentenceEncoder(encoder, pooling, read_dense(path)), tokenizer, read_meta(path)
+
+
+def read_dense(path: str) -> dict[str, nn.Module]:
+    """The ``Dense`` modules of the pipeline at ``path`` by folder name (none without modules.json),
+    loaded by sentence-transformers itself."""
+    modules_file = _st_file(path, MODULES_FILE)
+    if modules_file is None:
+        return {}
+    dirs = [m["path"] for m in _read_json(modules_file, MODULES_FILE) if m.get("type", "").endswith("Dense")]
+    if not dirs:
+        return {}
+    from sentence_transformers.models import Dense
+
+    try:
+        return {d: Dense.load(path, subfolder=d) for d in dirs}
+    except Exception as exc:  # noqa: BLE001 - any failure to read a module is one line
+        raise ModelError(f"{path}: its Dense module could not be loaded ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
 
 
 def tokens(tokenizer, texts: Sequence[str], max_length: int, device="cpu", lower_case: bool = False) -> dict:
@@ -174,7 +200,7 @@ def embed(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: i
     device = next(model.parameters()).device
     max_length = max_length or model.pooling.max_length
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out = torch.zeros(len(texts), model.config.hidden_size)
+    out = torch.zeros(len(texts), model.dim)
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         batch = tokens(tokenizer, [texts[j] for j in idx], max_length, device, model.pooling.lower_case)
@@ -194,9 +220,16 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     save_model(model.encoder, tokenizer, folder, {**meta, "pooling": asdict(p)})
     modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE + "Transformer"},
                {"idx": 1, "name": "1", "path": POOLING_DIR, "type": ST_MODULE + "Pooling"}]
+    for name, module in model.dense.items():
+        (folder / name).mkdir(exist_ok=True)
+        module.save(str(folder / name))
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": name,
+                        "type": ST_MODULE + "Dense"})
     if p.normalize:
-        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": ST_MODULE + "Normalize"})
-        (folder / NORMALIZE_DIR).mkdir(exist_ok=True)
+        normalize_dir = f"{len(modules)}_Normalize"
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": normalize_dir,
+                        "type": ST_MODULE + "Normalize"})
+        (folder / normalize_dir).mkdir(exist_ok=True)
     (folder / POOLING_DIR).mkdir(exist_ok=True)
     pooling_cfg = {"word_embedding_dimension": model.config.hidden_size,
                    "pooling_mode_cls_token": p.mode == "cls", "pooling_mode_mean_tokens": p.mode == "mean",

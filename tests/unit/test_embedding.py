@@ -69,9 +69,9 @@ def test_pooling_is_read_from_the_sentence_transformers_config(st_folder, tiny_b
 
 def test_unsupported_sentence_transformers_pipelines_are_refused(st_folder):
     modules = json.loads((st_folder / "modules.json").read_text())
-    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    modules.append({"idx": 2, "name": "2", "path": "2_LSTM", "type": "sentence_transformers.models.LSTM"})
     (st_folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ModelError, match="Dense"):
+    with pytest.raises(ModelError, match="LSTM"):
         read_pooling(str(st_folder))
     (st_folder / "modules.json").write_text("{not json")
     with pytest.raises(ModelError, match="not readable JSON"):
@@ -344,3 +344,26 @@ def test_layer_states_are_the_hidden_states_and_survive_an_emptied_block(tiny_be
     value, extra = cosine_distillation_loss(teacher, 2.0)(model, batch)
     assert float(value) == pytest.approx(extra["cosine"] + 2.0 * extra["layers"], rel=1e-5)
     assert extra["layers"] > 0
+
+
+def test_dense_projection_after_the_pooling_is_run_and_saved_as_sentence_transformers_does(tiny_bert,
+                                                                                          tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Normalize, Transformer
+    from sentence_transformers.models import Pooling as STPooling
+
+    torch.manual_seed(0)
+    st = SentenceTransformer(modules=[Transformer(str(tiny_bert)), STPooling(32, pooling_mode="cls"),
+                                      Dense(32, 12), Normalize()], device="cpu")
+    st.save(str(tmp_path / "labse-like"))
+    model, tok, _ = load_sentence_encoder(str(tmp_path / "labse-like"))
+    assert model.dim == 12 and list(model.dense) == ["2_Dense"]
+    theirs = torch.as_tensor(st.encode(TEXTS))
+    ours = embed(model, tok, TEXTS)
+    assert ours.shape == (len(TEXTS), 12) and torch.allclose(ours, theirs, atol=1e-5)
+    save_sentence_transformer(model, tok, tmp_path / "again", {"task": "embedding"})
+    saved = json.loads((tmp_path / "again" / "modules.json").read_text())
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in saved]
+    assert kinds == ["Transformer", "Pooling", "Dense", "Normalize"]
+    reread = torch.as_tensor(SentenceTransformer(str(tmp_path / "again"), device="cpu").encode(TEXTS))
+    assert torch.allclose(reread, ours, atol=1e-5)
