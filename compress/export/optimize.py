@@ -173,6 +173,12 @@ def optimize_onnx(src: str | Path, dst: str | Path, num_heads: int = 0, hidden_s
     return {k: int(v) for k, v in stats.items() if v}
 
 
+def hf_encoder(loaded: LoadedModel):
+    """The Hugging Face model whose role table applies: a sentence-embedding model's encoder (its
+    pooling adds no attention), else the model itself."""
+    return loaded.model.encoder if loaded.kind == "embedding" else loaded.model
+
+
 def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
     """(onnxruntime optimizer model type or None, the reason) for ``loaded``, from its role table.
 
@@ -184,10 +190,11 @@ def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
 
     from compress.models.architectures import find_layout
 
-    if loaded.kind != "bert":
+    if loaded.kind not in ("bert", "embedding"):
         return None, f"a {loaded.kind} has no transformer attention layers to fuse"
-    layout = find_layout(loaded.model)
-    model_type = getattr(getattr(loaded.model, "config", None), "model_type", type(loaded.model).__name__)
+    encoder = hf_encoder(loaded)
+    layout = find_layout(encoder)
+    model_type = getattr(getattr(encoder, "config", None), "model_type", type(encoder).__name__)
     if layout is None:
         return None, f"architecture '{model_type}' has no role table (compress.models.architectures)"
     if layout.ort_model_type is None:
@@ -206,7 +213,7 @@ def attention_executions(loaded: LoadedModel) -> int | None:
 
     cfg = getattr(loaded.model, "config", None)
     heads = getattr(cfg, "layer_heads", None)
-    layout = find_layout(loaded.model)
+    layout = find_layout(hf_encoder(loaded))
     if heads and not (layout and layout.shared_layers):  # ALBERT's list is per shared layer
         return sum(1 for h in heads if h > 0)
     layers = getattr(cfg, "num_hidden_layers", None)

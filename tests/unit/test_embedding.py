@@ -367,3 +367,14 @@ def test_dense_projection_after_the_pooling_is_run_and_saved_as_sentence_transfo
     assert kinds == ["Transformer", "Pooling", "Dense", "Normalize"]
     reread = torch.as_tensor(SentenceTransformer(str(tmp_path / "again"), device="cpu").encode(TEXTS))
     assert torch.allclose(reread, ours, atol=1e-5)
+
+
+def test_an_embedding_export_gets_its_encoders_attention_fusion(tiny_bert):
+    from compress.export.loading import load_torch_model
+    from compress.export.optimize import attention_executions, optimizer_model_type
+
+    loaded = load_torch_model(str(tiny_bert), embedding=True)
+    assert loaded.kind == "embedding" and loaded.output_name == "sentence_embedding"
+    model_type, why = optimizer_model_type(loaded)
+    assert model_type == "bert", why
+    assert attention_executions(loaded) == 2
