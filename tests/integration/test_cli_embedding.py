@@ -122,11 +122,12 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
     assert fresh["compress"] is False
     assert torch.allclose(torch.tensor(fresh["emb"]), embed(model, tok, texts), atol=1e-5)
     onnx = tmp_path / "fisher-int8.onnx"
-    r = run_cli("export", str(run), "--to", str(onnx), "--quantize", "int8", "--task", "embedding",
-                "--data-dir", str(data_dir))
+    r = run_cli("export", str(run), "--to", str(onnx), "--optimize", "--quantize", "int8", "--task",
+                "embedding", "--data-dir", str(data_dir))
     assert r.returncode == 0, r.stderr
     report = json.loads(onnx.with_suffix(".json").read_text())
     assert report["kind"] == "embedding" and report["outputs"] == ["sentence_embedding"]
+    assert report["optimizer_model_type"] == "bert" and report["fused_ops"].get("Attention", 0) >= 1
     acc = report["accuracy"]
     assert acc["fp32"]["cosine_to_reference"]["mean"] > 0.9999
     assert acc["int8"]["cosine_to_reference"]["mean"] > 0.9
