@@ -447,9 +447,7 @@ def build_plan(cfg: SweepConfig, sweep_dir: Path) -> list[Cell]:
                         add(Cell(name, "downstream", tuple(argv), (dep,), info))
     for cell in embedding_cells(cfg, sweep_dir, model):
         add(cell)
-    ordered = [c for c in cells.values() if c.kind == "pretrain"]
-    ordered += [c for c in cells.values() if c.kind != "pretrain"]
-    return ordered
+    return sorted(cells.values(), key=lambda c: c.kind != "pretrain")  # stable: pre-training cells first
 
 
 def _embedding_flags(cfg: SweepConfig) -> list[str]:

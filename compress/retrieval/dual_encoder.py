@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.core.errors import ModelError
+from compress.embedding.model import pool, tokens
 from compress.models.loading import (
     load_pretrained,
     load_tokenizer,
@@ -39,8 +40,7 @@ class DualEncoder(nn.Module):
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of hidden (B, T, H) over tokens where mask (B, T) is 1 -> (B, H)."""
-    m = mask.to(hidden.dtype)[..., None]
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+    return pool(hidden, mask, "mean")
 
 
 def load_dual_encoder(spec: str, require_finetuned: bool = False):
@@ -75,18 +75,13 @@ def in_batch_softmax_loss(q: torch.Tensor, s: torch.Tensor, scale: float,
     return (weights * ce).sum() / weights.sum()
 
 
-def _tokens(tokenizer, texts: Sequence[str], max_length: int, device) -> dict:
-    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
-    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-
-
 @torch.no_grad()
 def embed_texts(model: DualEncoder, tokenizer, texts: Sequence[str], max_length: int,
                 batch_size: int = 128) -> torch.Tensor:
     """(N, H) unit vectors on the CPU."""
     model.eval()
     device = next(model.parameters()).device
-    out = [model(**_tokens(tokenizer, texts[i:i + batch_size], max_length, device)).float().cpu()
+    out = [model(**tokens(tokenizer, texts[i:i + batch_size], max_length, device)).float().cpu()
            for i in range(0, len(texts), batch_size)]
     return torch.cat(out) if out else torch.zeros(0, 1)
 
@@ -107,8 +102,8 @@ def pair_collate(tokenizer, questions: Sequence[str], sentences: Sequence[str],
     the sentences' as ``s_*`` (each padded to its own longest), and ``question``, ``sentence``
     (indices, (B,)) and ``weight`` ((B,) float)."""
     def collate(rows: list[tuple[int, int, float]]) -> dict:
-        q = _tokens(tokenizer, [questions[r[0]] for r in rows], max_length, "cpu")
-        s = _tokens(tokenizer, [sentences[r[1]] for r in rows], max_length, "cpu")
+        q = tokens(tokenizer, [questions[r[0]] for r in rows], max_length, "cpu")
+        s = tokens(tokenizer, [sentences[r[1]] for r in rows], max_length, "cpu")
         return {**{f"q_{k}": v for k, v in q.items()}, **{f"s_{k}": v for k, v in s.items()},
                 "question": torch.tensor([r[0] for r in rows]),
                 "sentence": torch.tensor([r[1] for r in rows]),
