@@ -300,8 +300,9 @@ def encoder_config(model_or_config):
 
         from compress.models.loading import register_model_types, resolve_model
 
-        register_model_types()
-        return AutoConfig.from_pretrained(resolve_model(str(model_or_config)))
+        path = resolve_model(str(model_or_config))
+        register_model_types(path)
+        return AutoConfig.from_pretrained(path)
     if isinstance(model_or_config, torch.nn.Module):
         config = getattr(model_or_config, "config", None)
         if config is None:

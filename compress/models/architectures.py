@@ -150,6 +150,10 @@ def find_layout(model: torch.nn.Module) -> EncoderLayout | None:
     if table is not None:
         return table
     cached = getattr(model, DISCOVERY_ATTR, None)
+    stored = getattr(model.config, "pruned_layout", None)
+    if cached is None and stored:  # a structured-pruned model of a discovered type, as saved
+        cached = (layout_from_dict(base_model_type(model_type), stored), "")
+        object.__setattr__(model, DISCOVERY_ATTR, cached)
     if cached is None:
         cached = _discovered_layout(model, model_type)
         object.__setattr__(model, DISCOVERY_ATTR, cached)
@@ -161,13 +165,33 @@ def _discovered_layout(model: torch.nn.Module, model_type: str) -> tuple[Encoder
         found = discover(model)
     except ModelError as err:
         return None, str(err)
-    layout = EncoderLayout(model_type, (model_type,), found.layers, found.roles, found.attention,
-                           found.head_attrs, found.word_embeddings, glu=found.glu, ort_model_type=None,
-                           heads_config=found.heads_config, ffn_config=found.ffn_config,
-                           notes="roles found from the model's structure and a forward pass"
-                           + (f"; left dense: {', '.join(found.unassigned)}" if found.unassigned else ""),
-                           extra={"unassigned": found.unassigned}, discovered=True)
-    return layout, ""
+    return layout_from_dict(model_type, {
+        "layers": found.layers, "roles": found.roles, "attention": found.attention,
+        "head_attrs": found.head_attrs, "word_embeddings": found.word_embeddings, "glu": found.glu,
+        "heads_config": found.heads_config, "ffn_config": found.ffn_config,
+        "unassigned": list(found.unassigned), "head_dim": found.head_dim}), ""
+
+
+def layout_from_dict(model_type: str, found: dict) -> EncoderLayout:
+    """The ``EncoderLayout`` of a discovered type from its plain-data form (``layout_to_dict``; how
+    a structured-pruned model of that type keeps it in ``config.pruned_layout``)."""
+    unassigned = tuple(found.get("unassigned", ()))
+    return EncoderLayout(model_type, (model_type,), found["layers"], dict(found["roles"]), found["attention"],
+                         dict(found["head_attrs"]), found["word_embeddings"], glu=bool(found["glu"]),
+                         ort_model_type=None, heads_config=found["heads_config"],
+                         ffn_config=found["ffn_config"],
+                         notes="roles found from the model's structure and a forward pass"
+                         + (f"; left dense: {', '.join(unassigned)}" if unassigned else ""),
+                         extra={"unassigned": unassigned, "head_dim": found.get("head_dim") or None},
+                         discovered=True)
+
+
+def layout_to_dict(layout: EncoderLayout) -> dict:
+    """A discovered layout as plain data (JSON), read back by ``layout_from_dict``."""
+    return {"layers": layout.layers, "roles": dict(layout.roles), "attention": layout.attention,
+            "head_attrs": dict(layout.head_attrs), "word_embeddings": layout.word_embeddings,
+            "glu": layout.glu, "heads_config": layout.heads_config, "ffn_config": layout.ffn_config,
+            "unassigned": list(layout.extra.get("unassigned", ())), "head_dim": layout.extra.get("head_dim")}
 
 
 def canonical_name(model: torch.nn.Module, name: str) -> str:
@@ -249,7 +273,7 @@ def head_layout(model: torch.nn.Module) -> tuple[int, int]:
     cfg = model.config
     heads = getattr(cfg, layout.heads_config)
     hidden = getattr(cfg, "hidden_size", None) or cfg.dim
-    head_dim = getattr(cfg, "attention_head_size", None) or hidden // heads
+    head_dim = layout.extra.get("head_dim") or getattr(cfg, "attention_head_size", None) or hidden // heads
     return heads, head_dim
 
 

@@ -47,6 +47,7 @@ class Discovered:
     ffn_config: str
     glu: bool
     unassigned: tuple[str, ...] = ()
+    head_dim: int = 0
 
 
 def _config_value(config, names: tuple[str, ...], what: str) -> tuple[str, int]:
@@ -74,7 +75,7 @@ def _layer_stack(base: nn.Module) -> tuple[str, nn.ModuleList]:
     return best[1], best[2]
 
 
-def _dummy_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
+def dummy_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
     vocab = getattr(model.config, "vocab_size", None) or 100
     device = next(model.parameters()).device
     ids = torch.arange(8, device=device).repeat(2, 1) % max(vocab - 4, 1) + min(3, vocab - 1)
@@ -94,7 +95,7 @@ def _run(model: nn.Module, linears: dict[str, nn.Linear], zero: str | None = Non
         hooks.append(lin.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(**_dummy_inputs(model))
+            model(**dummy_inputs(model))
     except Exception as err:  # noqa: BLE001 - any failure means the model cannot be read this way
         raise ModelError(f"a forward pass on a dummy batch failed ({type(err).__name__}: "
                          f"{str(err).splitlines()[0][:120]}); {HINT}") from err
@@ -166,14 +167,28 @@ def discover(model: nn.Module) -> Discovered:
     unassigned = tuple(sorted(set(linears) - set(roles.values())))
     attention = _common_parent([p for r, p in roles.items() if r in ("query", "key", "value", "qkv")])
     attn_module = stack[0].get_submodule(attention) if attention else stack[0]
-    head_attrs = {a: "heads" for a, v in vars(attn_module).items()
-                  if isinstance(v, int) and not isinstance(v, bool) and v == heads and "head" in a}
+    head_attrs = _head_attrs(attn_module, heads, width)
     embeddings = base.get_input_embeddings()
     emb_path = next((p for p, m in base.named_modules() if m is embeddings), None)
     if emb_path is None:
         raise ModelError(f"the word embeddings were not found in the base model; {HINT}")
     return Discovered(rf"{re.escape(stack_path)}\.(\d+)", roles, attention, head_attrs, emb_path,
-                      heads_config, ffn_config, glu, unassigned)
+                      heads_config, ffn_config, glu, unassigned, head_dim)
+
+
+def _head_attrs(attention: nn.Module, heads: int, width: int) -> dict[str, str]:
+    """The attention module's integer attributes that hold its head count (named ``*head*``) or its
+    width, heads x head size (named ``*head*``, ``all*``, ``inner*`` or ``embed_dim``): what removing
+    heads must update. Whether that is all is checked by removing a head (``check_removable``)."""
+    out = {}
+    for name, value in vars(attention).items():
+        if not isinstance(value, int) or isinstance(value, bool) or "hidden" in name:
+            continue
+        if value == heads and "head" in name:
+            out[name] = "heads"
+        elif value == width and re.search(r"head|^all|inner|^embed_dim$", name):
+            out[name] = "width"
+    return out
 
 
 def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, width: int) -> dict:

@@ -141,7 +141,7 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
     failure turned into one ModelError line naming ``spec`` and ``what`` it was loaded as. The one
     loader behind the classifier, span, encoder and export loaders."""
     path = resolve_model(spec) if path is None else path
-    register_model_types()
+    register_model_types(path)
     try:
         return auto_class.from_pretrained(path, **{"use_safetensors": True, **kwargs,
                                                    "trust_remote_code": False})
@@ -226,13 +226,26 @@ def match_tokenizer_inputs(tokenizer, model):
     return tokenizer
 
 
-def register_model_types() -> None:
+def register_model_types(path: str | Path | None = None) -> None:
     """Make the ``compress_<type>`` models (structured-pruned encoders: per-layer head and FFN sizes,
     ``compress_bert``, ``compress_roberta``, ``compress_modernbert``, ...) loadable by the
-    transformers Auto classes; every place that loads a saved model calls this first."""
+    transformers Auto classes; every place that loads a saved model calls this first. ``path``: a
+    model folder whose type, if it is a ``compress_<type>`` outside the module table (a type
+    whose roles were found by discovery), gets its classes built and registered too."""
     from compress.models.modeling_pruned import register_auto_classes
 
-    register_auto_classes()
+    register_auto_classes(_saved_pruned_type(path))
+
+
+def _saved_pruned_type(path: str | Path | None) -> tuple[str, ...]:
+    config = Path(path) / "config.json" if path is not None else None
+    if config is None or not config.is_file():
+        return ()
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return ()
+    return (model_type,) if isinstance(model_type, str) and model_type.startswith("compress_") else ()
 
 
 def fresh_head(model) -> None:

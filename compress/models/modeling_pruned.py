@@ -1,15 +1,17 @@
 """Structured-pruned encoders that load with stock transformers: per-layer head counts and FFN widths.
 
 A stock config has one head count and one FFN width for every layer, so it cannot describe an
-encoder whose layers lost different numbers of heads and FFN neurons. For each supported base
-type ``T`` this module defines ``Compress<T>Config`` (model type ``compress_<t>``, e.g.
-``compress_bert``, ``compress_roberta``, ``compress_modernbert``) with two extra fields,
-``layer_heads`` and ``layer_intermediate`` (one entry per encoder layer; ALBERT: per shared
-layer; None = the layer keeps the uniform size), and ``Compress<T>Model``,
-``...ForSequenceClassification``, ``...ForQuestionAnswering``, ``...ForMaskedLM`` and
-``...ForTokenClassification`` where the base has them. Their ``__init__`` builds the stock
-model, then rebuilds each layer's Linear modules at the saved size (the weights load afterwards)
-and sets the attention module's head-count attributes.
+encoder whose layers lost different numbers of heads and FFN neurons. For a base type ``T`` this
+module defines ``Compress<T>Config`` (model type ``compress_<t>``, e.g. ``compress_bert``,
+``compress_roberta``, ``compress_ernie``) with two extra fields, ``layer_heads`` and
+``layer_intermediate`` (one entry per encoder layer; ALBERT: per shared layer; None = the layer
+keeps the uniform size), and ``Compress`` + the stock class name for the base model and its
+SequenceClassification, QuestionAnswering, MaskedLM and TokenClassification heads where
+transformers has them. Their ``__init__`` builds the stock model, then rebuilds each layer's Linear
+modules at the saved size (the weights load afterwards) and sets the attention module's head-count
+attributes. The nine types of ``MODULE_PATHS`` are built at import; any other type is built when
+first asked for (``pruned_classes_for``, or a module attribute ``Compress<StockClass>``), and its
+config carries ``pruned_layout``: the module paths that role discovery found.
 
 This file is self-contained on purpose (it imports only the standard library, torch and
 transformers, with no relative imports): ``save_pretrained`` of a pruned model copies it beside the
@@ -63,6 +65,7 @@ class PrunedLayout:
     # attention block / FFN block); None = this architecture cannot remove a whole block
     empty_attention: str | None = None
     empty_ffn: tuple[str, str] | None = None
+    head_dim: int | None = None  # None: attention_head_size, else hidden size / head count
 
 
 _BERT = PrunedLayout(
@@ -95,20 +98,31 @@ MODULE_PATHS = {
         {"qkv": "attn.Wqkv", "attn_out": "attn.Wo", "ffn_in": "mlp.Wi", "ffn_out": "mlp.Wo"},
         "attn", {"num_heads": "heads", "all_head_size": "width"}, glu=True),
 }
-# base model type -> the stem of transformers' class names (BertModel, XLMRobertaConfig, ...)
-CLASS_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta",
-               "camembert": "Camembert", "electra": "Electra", "distilbert": "DistilBert",
-               "albert": "Albert", "deberta-v2": "DebertaV2", "modernbert": "ModernBert"}
-
-
 def base_model_type(model_type: str) -> str:
     """``compress_roberta`` -> ``roberta`` (any other type unchanged)."""
     return model_type[len(PREFIX):] if model_type.startswith(PREFIX) else model_type
 
 
+def layout_of(config) -> PrunedLayout:
+    """The module paths of ``config``'s architecture: the table above, else the layout that role
+    discovery found and ``remove_structured`` saved in ``config.pruned_layout``."""
+    base = base_model_type(config.model_type)
+    if base in MODULE_PATHS:
+        return MODULE_PATHS[base]
+    stored = getattr(config, "pruned_layout", None)
+    if not stored:
+        raise ValueError(f"model type '{config.model_type}' has no module table and its config has no "
+                         "pruned_layout")
+    return PrunedLayout(stored["layers"], dict(stored["roles"]), stored["attention"],
+                        dict(stored["head_attrs"]), stored["heads_config"], bool(stored.get("glu")),
+                        head_dim=stored.get("head_dim"))
+
+
 def head_dim_of(config) -> int:
     """Head size of the unpruned architecture (pruning removes whole heads, never head dims)."""
-    layout = MODULE_PATHS[base_model_type(config.model_type)]
+    layout = layout_of(config)
+    if layout.head_dim:
+        return layout.head_dim
     heads = getattr(config, layout.heads_config)
     hidden = getattr(config, "hidden_size", None) or config.dim
     return getattr(config, "attention_head_size", None) or hidden // heads
@@ -199,7 +213,7 @@ def empty_blocks(layer: nn.Module, layout: PrunedLayout, heads: int, neurons: in
 def resize_pruned_layers(base_model: nn.Module, config) -> None:
     """Rebuild each layer's role Linears at the sizes in ``config.layer_heads`` /
     ``config.layer_intermediate`` (new, uninitialised weights: ``from_pretrained`` loads them)."""
-    layout = MODULE_PATHS[base_model_type(config.model_type)]
+    layout = layout_of(config)
     layers = find_layers(base_model, layout)
     head_dim = head_dim_of(config)
     for field in ("layer_heads", "layer_intermediate"):
@@ -223,6 +237,8 @@ def resize_pruned_layers(base_model: nn.Module, config) -> None:
             neurons = config.layer_intermediate[i]
             ffn_in = modules[roles["ffn_in"]]
             _rebuild_linear(layer, roles["ffn_in"], ffn_in.in_features, neurons * (2 if layout.glu else 1))
+            if "ffn_gate" in roles:
+                _rebuild_linear(layer, roles["ffn_gate"], modules[roles["ffn_gate"]].in_features, neurons)
             _rebuild_linear(layer, roles["ffn_out"], neurons, modules[roles["ffn_out"]].out_features)
         empty_blocks(layer, layout, *_sizes_of(config, i))
 
@@ -243,21 +259,20 @@ def write_remote_code(folder: str | Path, config) -> None:
         return
     module = Path(__file__).stem
     shutil.copyfile(__file__, folder / Path(__file__).name)
-    stem = CLASS_STEMS[base_model_type(config.model_type)]
-    auto_map = {"AutoConfig": f"{module}.Compress{stem}Config"}
-    for auto, suffix in AUTO_CLASSES.items():
-        if f"Compress{stem}{suffix}" in globals():
-            auto_map[auto] = f"{module}.Compress{stem}{suffix}"
+    classes = pruned_classes_for(base_model_type(config.model_type))
+    auto_map = {auto: f"{module}.{cls.__name__}" for auto, cls in classes.items()}
     saved = json.loads(config_file.read_text(encoding="utf-8"))
     saved["auto_map"] = auto_map
     config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _config_class(base: type) -> type:
-    def __init__(self, layer_heads=None, layer_intermediate=None, **kwargs):
+    def __init__(self, layer_heads=None, layer_intermediate=None, pruned_layout=None, **kwargs):
         base.__init__(self, **kwargs)
         self.layer_heads = None if layer_heads is None else [int(n) for n in layer_heads]
         self.layer_intermediate = None if layer_intermediate is None else [int(n) for n in layer_intermediate]
+        if pruned_layout is not None:  # a type outside MODULE_PATHS: where its matrices are
+            self.pruned_layout = dict(pruned_layout)
 
     name = f"Compress{base.__name__}"
     doc = f"{base.__name__} plus per-layer head counts and FFN widths (None = the uniform size)."
@@ -282,36 +297,93 @@ def _model_class(base: type, config_class: type) -> type:
                                 "__module__": __name__, "__qualname__": name})
 
 
-def _build_classes() -> dict[str, dict[str, type]]:
-    """base model type -> {"AutoConfig" | Auto model class name -> pruned class}; a base this
-    transformers release lacks is left out."""
-    out: dict[str, dict[str, type]] = {}
-    for base_type, stem in CLASS_STEMS.items():
-        try:
-            base_config = getattr(transformers, f"{stem}Config")
-        except (AttributeError, ImportError):
-            continue
-        classes = {"AutoConfig": _config_class(base_config)}
-        for auto, suffix in AUTO_CLASSES.items():
-            try:
-                base_model = getattr(transformers, f"{stem}{suffix}")
-            except (AttributeError, ImportError):
-                continue
-            classes[auto] = _model_class(base_model, classes["AutoConfig"])
-        out[base_type] = classes
-        for cls in classes.values():
-            globals()[cls.__name__] = cls
+def _class_names(base_type: str) -> dict[str, str]:
+    """"AutoConfig" | Auto model class name -> the stock class name transformers maps
+    ``base_type`` to (only the Auto classes it has a class for)."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    config_name = configuration_auto.CONFIG_MAPPING_NAMES.get(base_type)
+    if config_name is None:
+        return {}
+    out = {"AutoConfig": config_name}
+    for auto, mapping in AUTO_MAPPINGS.items():
+        name = getattr(modeling_auto, mapping).get(base_type)
+        name = name[0] if isinstance(name, (tuple, list)) else name
+        if name:
+            out[auto] = name
     return out
 
 
-PRUNED_CLASSES = _build_classes()
+AUTO_MAPPINGS = {"AutoModel": "MODEL_MAPPING_NAMES",
+                 "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                 "AutoModelForQuestionAnswering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+                 "AutoModelForMaskedLM": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+                 "AutoModelForTokenClassification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"}
+# base model type -> {"AutoConfig" | Auto model class name -> pruned class}, filled on demand
+PRUNED_CLASSES: dict[str, dict[str, type]] = {}
 # the stock class a pruned class extends -> that pruned class
-PRUNED_CLASS_OF = {cls.__mro__[1]: cls for classes in PRUNED_CLASSES.values() for cls in classes.values()}
+PRUNED_CLASS_OF: dict[type, type] = {}
 
 
-def register_auto_classes() -> None:
-    """Register every ``compress_<type>`` config and model class with transformers' Auto classes."""
-    for classes in PRUNED_CLASSES.values():
+def pruned_classes_for(base_type: str) -> dict[str, type]:
+    """The pruned config and model classes of ``base_type`` (``Compress`` + the stock class name),
+    built once; {} when this transformers release has no such type."""
+    if base_type in PRUNED_CLASSES:
+        return PRUNED_CLASSES[base_type]
+    names = _class_names(base_type)
+    if not names:
+        return {}
+    try:
+        classes = {"AutoConfig": _config_class(getattr(transformers, names.pop("AutoConfig")))}
+    except (AttributeError, ImportError):
+        return {}
+    for auto, name in names.items():
+        try:
+            classes[auto] = _model_class(getattr(transformers, name), classes["AutoConfig"])
+        except (AttributeError, ImportError):
+            continue
+    PRUNED_CLASSES[base_type] = classes
+    for cls in classes.values():
+        globals()[cls.__name__] = cls
+        PRUNED_CLASS_OF[cls.__mro__[1]] = cls
+    return classes
+
+
+def pruned_class_of(cls: type) -> type | None:
+    """The pruned class that extends the stock model class ``cls`` (itself when it is one); None
+    when there is none."""
+    if getattr(cls, "config_class", None) is not None and cls in PRUNED_CLASS_OF.values():
+        return cls
+    model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
+    if model_type:
+        pruned_classes_for(model_type)
+    return PRUNED_CLASS_OF.get(cls)
+
+
+for _base_type in MODULE_PATHS:
+    pruned_classes_for(_base_type)
+
+
+def __getattr__(name: str) -> type:
+    """``Compress<StockClass>`` of any model type, built when first asked for (how ``auto_map`` of a
+    saved folder finds the classes of a type outside ``MODULE_PATHS``)."""
+    if name.startswith("Compress"):
+        from transformers.models.auto import configuration_auto
+
+        for base_type in configuration_auto.CONFIG_MAPPING_NAMES:
+            if name[len("Compress"):] in _class_names(base_type).values():
+                pruned_classes_for(base_type)
+                if name in globals():
+                    return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register_auto_classes(model_types=()) -> None:
+    """Register the ``compress_<type>`` config and model classes with transformers' Auto classes:
+    the table's types, those built so far, and ``model_types`` (base or ``compress_`` types)."""
+    for model_type in model_types:
+        pruned_classes_for(base_model_type(model_type))
+    for classes in list(PRUNED_CLASSES.values()):
         config_class = classes["AutoConfig"]
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         for auto, cls in classes.items():
@@ -320,5 +392,5 @@ def register_auto_classes() -> None:
 
 
 __all__ = ["MODULE_PATHS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "can_empty_blocks", "empty_blocks",
-           "register_auto_classes",
+           "layout_of", "pruned_class_of", "pruned_classes_for", "register_auto_classes",
            "resize_pruned_layers", "write_remote_code"]

@@ -162,5 +162,5 @@ def unit_flops(model: nn.Module, seq_len: int) -> tuple[int, int]:
         cfg = model.config
         passes = cfg.num_hidden_layers * getattr(cfg, "inner_group_num", 1) // len(layers)
     head = seq_len * 4 * hidden * d + 2 * seq_len * seq_len * d
-    neuron = seq_len * hidden * (3 if layout.glu else 2)
+    neuron = seq_len * hidden * (3 if layout.glu or "ffn_gate" in layout.roles else 2)
     return 2 * passes * head, 2 * passes * neuron

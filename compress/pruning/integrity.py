@@ -155,7 +155,7 @@ def load_saved_model(model_dir: Path):
     from compress.models.loading import check_safetensors_folder, register_model_types
 
     check_safetensors_folder(model_dir, REDO)
-    register_model_types()
+    register_model_types(model_dir)
     return cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
 
 
@@ -242,7 +242,7 @@ def check_structure(model_dir: Path) -> dict | None:
     raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     if raw.get("layer_heads") is None and raw.get("layer_intermediate") is None:
         return None
-    register_model_types()
+    register_model_types(model_dir)
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     cls = AutoModelForSequenceClassification if _read_meta(model_dir).get("label_names") else AutoModel
     try:

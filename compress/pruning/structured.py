@@ -1,6 +1,9 @@
 """Structured pruning for speed: remove whole attention heads and FFN neurons of any encoder in the
 role table (``compress.models.architectures``: the BERT family, DistilBERT, ALBERT, DeBERTa-v2/v3,
-ModernBERT).
+ModernBERT), and of an encoder whose roles were found by discovery when its own forward accepts
+the smaller layers: ``check_removable`` removes a head and half the FFN of the first layer of a copy
+and compares it, before and after a save and reload, with the model whose units are zeroed
+(MPNet, whose relative-position bias has one row per head of the config, is refused so).
 
 Groups. A head owns its rows of the query, key and value matrices (the q, k and v blocks of a
 fused ``qkv``; DeBERTa's ``pos_query``/``pos_key`` when present) and its columns of ``attn_out``;
@@ -25,7 +28,8 @@ once in the ranking), and every pass through it runs the pruned layer.
 
 Loading. A stock config holds one size for all layers; ``compress.models.modeling_pruned`` adds
 ``Compress<T>Config`` (model type ``compress_<t>``) with ``layer_heads`` / ``layer_intermediate``
-and model classes that build each layer at its size. Importing this module registers them with
+(and, for a discovered type, ``pruned_layout``: where its matrices are) and model classes that
+build each layer at its size. Importing this module registers them with
 the transformers Auto classes; a saved pruned model also carries that file and an ``auto_map``,
 so ``from_pretrained(folder, trust_remote_code=True)`` works without compress.
 
@@ -52,14 +56,15 @@ from compress.models.architectures import (
     find_layout,
     head_layout,
     head_slices,
+    layout_to_dict,
 )
 from compress.models.modeling_pruned import (
     MODULE_PATHS,
-    PRUNED_CLASS_OF,
     PRUNED_CLASSES,
     base_model_type,
     can_empty_blocks,
     empty_blocks,
+    pruned_class_of,
     register_auto_classes,
     set_head_attrs,
 )
@@ -126,6 +131,8 @@ def neuron_scores(layer: EncoderLayer, layout: EncoderLayout) -> torch.Tensor:
     squares = w_in[:width].pow(2).sum(1) + w_out.pow(2).sum(0)
     if layout.glu:
         squares += w_in[width:].pow(2).sum(1)
+    if "ffn_gate" in layer.linears:
+        squares += layer.linears["ffn_gate"].weight.detach().double().cpu().pow(2).sum(1)
     return squares.sqrt()
 
 
@@ -179,15 +186,12 @@ def layer_sizes(model: nn.Module) -> dict[str, list[int]]:
 
 
 def _pruned_class(model: nn.Module) -> type:
-    cls = type(model)
-    if cls in PRUNED_CLASS_OF.values():
-        return cls
-    if cls not in PRUNED_CLASS_OF:
-        known = sorted({c.__name__ for c in PRUNED_CLASS_OF if c.__module__.startswith("transformers")})
-        raise ModelError(f"structured pruning cannot save a {cls.__name__} (no pruned class for it); "
-                         f"supported: {', '.join(known[:8])}, ... (base models and their "
-                         "SequenceClassification, QuestionAnswering, MaskedLM, TokenClassification heads)")
-    return PRUNED_CLASS_OF[cls]
+    cls = pruned_class_of(type(model))
+    if cls is None:
+        raise ModelError(f"structured pruning cannot save a {type(model).__name__} (no pruned class for it): "
+                         "it saves transformers' base models and their SequenceClassification, "
+                         "QuestionAnswering, MaskedLM and TokenClassification heads")
+    return cls
 
 
 def _check_args(sparsity: float, targets: tuple[str, ...]) -> None:
@@ -230,10 +234,98 @@ def prune_structured(model: nn.Module, sparsity: float,
 
 def check_removable(model: nn.Module) -> EncoderLayout:
     """The layout of ``model`` when its heads and FFN neurons can be removed physically and saved;
-    UsageError/ModelError naming what is missing otherwise (called before any data is read)."""
+    UsageError/ModelError naming what is missing otherwise (called before any data is read).
+
+    A type without a module table (roles found by discovery) is tried on a copy first
+    (``probe_removal``): the architecture's own forward decides whether its attention accepts
+    fewer heads than its config says."""
     layout = _structured_layout(model)
     _pruned_class(model)
+    if layout.discovered:
+        probe_removal(model)
     return layout
+
+
+PROBE_TOLERANCE = 1e-4
+
+
+def _first_output(model: nn.Module, inputs: dict) -> torch.Tensor:
+    out = model(**inputs)
+    if isinstance(out, torch.Tensor):
+        return out
+    return out["logits"] if "logits" in out else out[0]
+
+
+def probe_removal(model: nn.Module) -> float:
+    """Remove head 0 and every second FFN neuron of the first layer of a copy of ``model``, then
+    check that the copy computes what ``model`` computes with those units zeroed, before and after a
+    save and reload. Returns the largest difference; UsageError naming the step that failed."""
+    import copy
+    import tempfile
+
+    from transformers.utils import logging as hf_logging
+
+    from compress.models.discovery import dummy_inputs
+
+    model_type = model.config.model_type
+    layout = find_layout(model)
+    first = encoder_layers(model, layout)[0]
+    _, head_dim = head_layout(model)
+    heads, width = head_count(first, head_dim), ffn_size(first)
+    drop_heads, drop_neurons = [0] if heads > 1 else [], list(range(0, width, 2))
+    inputs = dummy_inputs(model)
+    was_training = model.training
+    model.eval()
+
+    def zero_columns(columns):
+        return lambda module, args: (args[0].index_fill(-1, columns, 0.0), *args[1:])
+
+    head_cols = torch.tensor([c for h in drop_heads for c in range(h * head_dim, (h + 1) * head_dim)],
+                             dtype=torch.long, device=first.linears["attn_out"].weight.device)
+    hooks = [first.linears["attn_out"].register_forward_pre_hook(zero_columns(head_cols)),
+             first.linears["ffn_out"].register_forward_pre_hook(
+                 zero_columns(torch.tensor(drop_neurons, device=head_cols.device)))]
+    try:
+        with torch.no_grad():
+            expected = _first_output(model, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    probe = copy.deepcopy(model).eval()
+    keep_heads = [list(range(n)) for n in layer_sizes(probe)["heads"]]
+    keep_neurons = [list(range(n)) for n in layer_sizes(probe)["ffn"]]
+    keep_heads[0] = [h for h in range(heads) if h not in drop_heads]
+    keep_neurons[0] = [j for j in range(width) if j not in drop_neurons]
+    scale = expected.abs().max().item() + 1e-12
+    step = "removing them"
+    try:
+        remove_structured(probe, keep_heads, keep_neurons)
+        with torch.no_grad():
+            diff = (_first_output(probe, inputs) - expected).abs().max().item() / scale
+        if diff <= PROBE_TOLERANCE:
+            step = "a save and reload"
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+            try:
+                with tempfile.TemporaryDirectory() as folder:
+                    probe.save_pretrained(folder)
+                    reloaded = type(probe).from_pretrained(folder).eval()
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
+            with torch.no_grad():
+                diff = max(diff, (_first_output(reloaded, inputs) - expected).abs().max().item() / scale)
+    except Exception as err:  # noqa: BLE001 - any failure of the architecture's own code refuses it
+        raise UsageError(f"structured pruning cannot remove heads or FFN neurons of {model_type}: "
+                         f"{step} on a copy failed ({type(err).__name__}: {str(err).splitlines()[0][:100]}); "
+                         "unstructured pruning (sparsegpt, wanda, magnitude) works on it") from None
+    if diff > PROBE_TOLERANCE:
+        raise UsageError(f"structured pruning cannot remove heads or FFN neurons of {model_type}: after "
+                         f"{step}, a copy differs from the model with those units zeroed by {diff:.1e} of "
+                         "its output (its attention keeps sizes the discovery did not find); unstructured "
+                         "pruning (sparsegpt, wanda, magnitude) works on it")
+    return diff
 
 
 def _structured_layout(model: nn.Module) -> EncoderLayout:
@@ -296,9 +388,11 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
             attention = layer.module.get_submodule(layout.attention)
             set_head_attrs(attention, layout, len(heads), head_dim)
         if len(neurons) < ffn_size(layer):
+            index = torch.tensor(neurons, dtype=torch.long, device=layer.linears["ffn_out"].weight.device)
             _keep(layer.linears["ffn_in"], 0, _neuron_index(layer, layout, neurons))
-            _keep(layer.linears["ffn_out"], 1, torch.tensor(neurons, dtype=torch.long,
-                                                            device=layer.linears["ffn_out"].weight.device))
+            _keep(layer.linears["ffn_out"], 1, index)
+            if "ffn_gate" in layer.linears:
+                _keep(layer.linears["ffn_gate"], 0, index)
         if not heads or not neurons:
             empty_blocks(layer.module, MODULE_PATHS[model_type], len(heads), len(neurons))
 
@@ -310,6 +404,9 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
     vars(config).pop("model_type", None)
     config.layer_heads = after["heads"]
     config.layer_intermediate = after["ffn"]
+    if layout.discovered:  # no module table for this type: the saved config says where its matrices are
+        config.pruned_layout = layout_to_dict(layout)
+        register_auto_classes([model_type])
     model.__class__ = pruned_class
     params_after = sum(p.numel() for p in model.parameters())
     heads_b, heads_a = sum(before["heads"]), sum(after["heads"])

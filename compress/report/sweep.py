@@ -249,7 +249,7 @@ def _section_features(root: Path, data, out_dir: Path, n_texts: int = 32) -> lis
     def load(cell):
         from compress.models.loading import register_model_types
 
-        register_model_types()
+        register_model_types(root / cell / "model")
         return AutoModel.from_pretrained(root / cell / "model", use_safetensors=True).eval()
 
     torch.manual_seed(0)

@@ -119,3 +119,60 @@ def test_quiet_by_default_and_verbose_shows_the_load_report(tiny_encoder, tmp_pa
     assert quiet.stdout.count("new task head: classifier, 2 labels") == 1  # the report's one line
     verbose = run_cli(*args, "--out", str(tmp_path / "verbose"), "--verbose", isolated=True)
     assert verbose.returncode == 0 and "MISSING" in verbose.stdout + verbose.stderr
+
+
+def test_fisher_structured_removes_heads_of_a_discovered_type_and_the_folder_reloads(tmp_path):
+    """A tiny ERNIE (no role table): fine-tuned, Fisher-structured to -30% FLOPs, saved with its
+    discovered layout; verify, eval and export read it, and transformers alone loads it with
+    trust_remote_code to the same logits."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, ErnieConfig, ErnieModel
+
+    from tests.unit.test_structured import logits_equal_without_compress
+
+    folder = _saved(tmp_path / "ernie", ErnieModel(ErnieConfig(
+        vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)))
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--model", str(folder), *FAST, "--out", str(ft)]) == 0
+    out = tmp_path / "pt"
+    assert main(["prune", "--stage", "post-training", "--model", str(ft), "--structured", "heads,ffn",
+                 "--criterion", "fisher", "--flops-reduction", "0.3", "--calibration-samples", "16",
+                 "--batch-size", "8", "--max-length", "32", "--out", str(out)]) == 0
+    result = json.loads((out / "summary.json").read_text())["structured"]
+    assert result["flops_reduction"] >= 0.3
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert cfg["model_type"] == "compress_ernie" and cfg["pruned_layout"]["roles"]["query"] == \
+        "attention.self.query"
+    assert sum(cfg["layer_heads"]) < 8 or sum(cfg["layer_intermediate"]) < 128
+    weights = load_file(str(out / "model" / "model.safetensors"))
+    for i, (heads, width) in enumerate(zip(cfg["layer_heads"], cfg["layer_intermediate"])):
+        prefix = f"ernie.encoder.layer.{i}."
+        assert weights[prefix + "attention.self.query.weight"].shape == (heads * 8, 32)
+        assert weights[prefix + "intermediate.dense.weight"].shape == (width, 32)
+    assert main(["verify", str(out)]) == 0
+    assert main(["eval", "--model", str(out), "--max-length", "32"]) == 0
+    assert main(["export", str(out), "--to", str(tmp_path / "m.onnx")]) == 0
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
+    tokens = AutoTokenizer.from_pretrained(out / "model")(["a short sentence", "another"], padding=True,
+                                                           return_tensors="pt")
+    inputs = {k: tokens[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    printed = logits_equal_without_compress(out / "model", inputs, logits, tmp_path)
+    assert "CompressErnieForSequenceClassification" in printed and str(cfg["layer_heads"]) in printed
+
+
+def test_structured_pruning_of_a_discovered_type_it_cannot_resize_is_refused_before_data(tmp_path):
+    from transformers import MPNetConfig, MPNetModel
+
+    folder = _saved(tmp_path / "mpnet", MPNetModel(MPNetConfig(
+        vocab_size=30527, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)))
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--model", str(folder), *FAST, "--out", str(ft)]) == 0
+    out = tmp_path / "runs"
+    r = run_cli("prune", "--stage", "post-training", "--model", str(ft), "--structured", "heads,ffn",
+                "--criterion", "fisher", "--flops-reduction", "0.3", "--batch-size", "8",
+                "--out", str(out / "run"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()
+    assert len(last) == 1 and "cannot remove heads or FFN neurons of mpnet" in last[0], last
+    assert not out.exists() or not any(out.iterdir())

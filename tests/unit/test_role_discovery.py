@@ -40,6 +40,8 @@ def tiny_model(model_type: str) -> torch.nn.Module:
     for key, value in TINY.items():
         if getattr(config, key, None) is not None:
             setattr(config, key, value)
+    if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer (ModernBERT)
+        config.layer_types = config.layer_types[:config.num_hidden_layers]
     for i, key in enumerate(TOKEN_IDS):
         value = getattr(config, key, 0)
         if value is None or (isinstance(value, int) and value >= TINY["vocab_size"]):
@@ -225,12 +227,58 @@ def test_include_is_honoured_by_calibrated_criteria_where_roles_are_unknown(crit
         assert bool((weight[~keep] == 0).all())
 
 
-def test_structured_removal_without_a_pruned_class_is_refused_up_front():
+def test_structured_removal_of_a_discovered_type_is_tried_on_a_copy_up_front():
     from compress.pruning.structured import check_removable
 
     assert check_removable(tiny_model("bert")).name == "bert"
-    model = tiny_model("ernie")
-    before = {n: p.clone() for n, p in model.state_dict().items()}
-    with pytest.raises(CompressError, match="cannot save a ErnieForSequenceClassification"):
-        check_removable(model)
-    assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
+    for model_type, accepted in (("ernie", True), ("mpnet", False)):
+        model = tiny_model(model_type)
+        before = {n: p.clone() for n, p in model.state_dict().items()}
+        if accepted:
+            assert check_removable(model).discovered
+        else:  # MPNet adds one relative-position bias of every head to each layer's scores
+            with pytest.raises(CompressError, match="cannot remove heads or FFN neurons of mpnet"):
+                check_removable(model)
+        assert type(model).__name__ == f"{type(model).__name__}"  # the model itself is not converted
+        assert not type(model).__name__.startswith("Compress")
+        assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
+
+
+def structured_outcome(model_type: str, tmp_path) -> tuple[str, str]:
+    """("refused", one line) or ("removed", sizes): Fisher-structured pruning to -30% FLOPs, then the
+    saved folder's shapes checked against its config and its reload's logits against the model's."""
+    from compress.models.loading import load_pretrained
+    from compress.pruning.fisher_structured import fisher_prune_structured
+    from compress.pruning.integrity import check_structure
+    from compress.pruning.structured import check_removable
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tiny_model(model_type)
+        try:
+            check_removable(model)
+        except CompressError as err:
+            assert "\n" not in str(err) and model_type in str(err)
+            return "refused", str(err)
+        labelled = [dict(batch(i), labels=torch.tensor([0, 1, 0, 1])) for i in (1, 2)]
+        report = fisher_prune_structured(model, labelled, 0.3, 12)
+        assert report["flops_reduction"] >= 0.3, (model_type, report["flops_reduction"])
+        folder = tmp_path / model_type
+        model.save_pretrained(folder)
+        assert check_structure(folder) is not None
+        again = load_pretrained(transformers.AutoModelForSequenceClassification, str(folder)).eval()
+        with torch.no_grad():
+            assert torch.allclose(again(**batch(3)).logits, model.eval()(**batch(3)).logits, atol=1e-5)
+    return "removed", f"heads {report['layer_heads']} ffn {report['layer_ffn']}"
+
+
+def test_encoder_types_prune_fisher_structured_or_are_refused_in_one_line(outcomes, tmp_path):
+    results = {t: structured_outcome(t, tmp_path) for t, (kind, _) in outcomes.items() if kind == "pruned"}
+    for model_type, (kind, detail) in results.items():
+        print(f"{model_type:24s} {kind:8s} {detail}")
+    removed = [t for t, (k, _) in results.items() if k == "removed"]
+    for model_type in ("bert", "roberta", "ernie", "data2vec-text", "nomic_bert", "gte"):
+        assert model_type in removed, (model_type, results.get(model_type))
+    assert len(removed) / len(results) >= 0.8, sorted(t for t, (k, _) in results.items() if k == "refused")
+
+
