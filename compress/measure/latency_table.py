@@ -308,29 +308,45 @@ def encoder_config(model_or_config):
         if config is None:
             raise UsageError(f"a {type(model_or_config).__name__} has no transformers config; pass a "
                              "Hugging Face encoder, its config or a model folder")
-        return config
+        return _with_discovered_layout(model_or_config, config)
     if not hasattr(model_or_config, "model_type"):
         raise UsageError(f"expected a model, a transformers config or a model folder, got "
                          f"{type(model_or_config).__name__}")
     return model_or_config
 
 
+def _with_discovered_layout(model: torch.nn.Module, config):
+    """``config``, or for a type without a module table a copy carrying ``pruned_layout`` (the layout
+    role discovery found in ``model``), so the timed 1-layer models can be built at any size."""
+    import copy
+
+    from compress.models.architectures import find_layout, layout_to_dict
+
+    layout = find_layout(model)
+    if layout is None or not layout.discovered or getattr(config, "pruned_layout", None):
+        return config
+    config = copy.deepcopy(config)
+    config.pruned_layout = layout_to_dict(layout)
+    return config
+
+
 def arch_shape(config) -> ArchShape:
     """The ``ArchShape`` of ``config``; UsageError for a family without per-layer pruned classes."""
-    from compress.models.modeling_pruned import MODULE_PATHS, PRUNED_CLASSES, base_model_type, head_dim_of
+    from compress.models.modeling_pruned import MODULE_PATHS, base_model_type, head_dim_of, pruned_classes_for
 
     base = base_model_type(config.model_type)
-    supported = [t for t, c in PRUNED_CLASSES.items()
-                 if "AutoModelForSequenceClassification" in c and t != "albert"]
-    if base not in supported:
+    stored = getattr(config, "pruned_layout", None)
+    if base == "albert" or (base not in MODULE_PATHS and not stored) or \
+            "AutoModelForSequenceClassification" not in pruned_classes_for(base):
         raise UsageError(f"no latency table for model type '{config.model_type}': it needs per-layer "
-                         f"structured-pruned classes; supported: {', '.join(supported)} (ALBERT shares "
-                         "its layers)")
-    layout = MODULE_PATHS[base]
-    widths = [getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", 0),
+                         f"structured-pruned classes (the role table's types but ALBERT, which shares its "
+                         "layers, or a type whose roles discovery found: pass the model, not its config)")
+    heads_config = MODULE_PATHS[base].heads_config if base in MODULE_PATHS else stored["heads_config"]
+    ffn_config = stored["ffn_config"] if stored else "intermediate_size"
+    widths = [getattr(config, ffn_config, None) or getattr(config, "hidden_dim", 0),
               *(getattr(config, "layer_intermediate", None) or [])]
     act = getattr(config, "hidden_act", None) or getattr(config, "activation", "")
-    return ArchShape(base, int(config.hidden_size), int(getattr(config, layout.heads_config)),
+    return ArchShape(base, int(config.hidden_size), int(getattr(config, heads_config)),
                      int(head_dim_of(config)), int(max(widths)), int(config.num_hidden_layers),
                      int(config.vocab_size), str(act))
 
@@ -399,10 +415,10 @@ REFERENCE_TURNS = 3  # turns per round of the models subtracted from every layer
 def pruned_config(config, layer_heads: Sequence[int], layer_ffn: Sequence[int], vocab: int,
                   attn_implementation: str = "eager"):
     """A ``Compress<T>Config`` like ``config`` with ``len(layer_heads)`` layers of the given sizes."""
-    from compress.models.modeling_pruned import PRUNED_CLASSES, base_model_type
+    from compress.models.modeling_pruned import base_model_type, pruned_classes_for
 
     values = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_KEYS}
-    cls = PRUNED_CLASSES[base_model_type(config.model_type)]["AutoConfig"]
+    cls = pruned_classes_for(base_model_type(config.model_type))["AutoConfig"]
     out = cls(**values, layer_heads=list(layer_heads), layer_intermediate=list(layer_ffn), num_labels=2,
               attn_implementation=attn_implementation)
     out.num_hidden_layers = len(layer_heads)  # set after: DistilBERT maps it to n_layers
@@ -412,10 +428,10 @@ def pruned_config(config, layer_heads: Sequence[int], layer_ffn: Sequence[int], 
 
 def pruned_classifier(config) -> torch.nn.Module:
     """A random-weight ``Compress<T>ForSequenceClassification`` of a ``pruned_config``."""
-    from compress.models.modeling_pruned import PRUNED_CLASSES, base_model_type
+    from compress.models.modeling_pruned import base_model_type, pruned_classes_for
 
     torch.manual_seed(0)
-    cls = PRUNED_CLASSES[base_model_type(config.model_type)]["AutoModelForSequenceClassification"]
+    cls = pruned_classes_for(base_model_type(config.model_type))["AutoModelForSequenceClassification"]
     with warnings.catch_warnings():  # "Initializing zero-element tensors is a no-op" (empty blocks)
         warnings.simplefilter("ignore", UserWarning)
         return cls(config).eval()

@@ -121,22 +121,31 @@ def test_quiet_by_default_and_verbose_shows_the_load_report(tiny_encoder, tmp_pa
     assert verbose.returncode == 0 and "MISSING" in verbose.stdout + verbose.stderr
 
 
-def test_fisher_structured_removes_heads_of_a_discovered_type_and_the_folder_reloads(tmp_path):
-    """A tiny ERNIE (no role table): fine-tuned, Fisher-structured to -30% FLOPs, saved with its
-    discovered layout; verify, eval and export read it, and transformers alone loads it with
-    trust_remote_code to the same logits."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, ErnieConfig, ErnieModel
+@pytest.fixture(scope="module")
+def ernie_finetuned(tmp_path_factory):
+    """A tiny ERNIE (no role table) fine-tuned 2 steps on the sample."""
+    from transformers import ErnieConfig, ErnieModel
+
+    root = tmp_path_factory.mktemp("ernie")
+    folder = _saved(root / "ernie", ErnieModel(ErnieConfig(
+        vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)))
+    assert main(["finetune", "--model", str(folder), *FAST, "--out", str(root / "ft")]) == 0
+    return root / "ft"
+
+
+def test_fisher_structured_removes_heads_of_a_discovered_type_and_the_folder_reloads(ernie_finetuned,
+                                                                                      tmp_path):
+    """ERNIE: Fisher-structured to -30% FLOPs, saved with its discovered layout; verify, eval and
+    export read it, and transformers alone loads it with trust_remote_code to the same logits."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from tests.unit.test_structured import logits_equal_without_compress
 
-    folder = _saved(tmp_path / "ernie", ErnieModel(ErnieConfig(
-        vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)))
-    ft = tmp_path / "ft"
-    assert main(["finetune", "--model", str(folder), *FAST, "--out", str(ft)]) == 0
     out = tmp_path / "pt"
-    assert main(["prune", "--stage", "post-training", "--model", str(ft), "--structured", "heads,ffn",
-                 "--criterion", "fisher", "--flops-reduction", "0.3", "--calibration-samples", "16",
-                 "--batch-size", "8", "--max-length", "32", "--out", str(out)]) == 0
+    assert main(["prune", "--stage", "post-training", "--model", str(ernie_finetuned), "--structured",
+                 "heads,ffn", "--criterion", "fisher", "--flops-reduction", "0.3",
+                 "--calibration-samples", "16", "--batch-size", "8", "--max-length", "32",
+                 "--out", str(out)]) == 0
     result = json.loads((out / "summary.json").read_text())["structured"]
     assert result["flops_reduction"] >= 0.3
     cfg = json.loads((out / "model" / "config.json").read_text())
@@ -159,6 +168,24 @@ def test_fisher_structured_removes_heads_of_a_discovered_type_and_the_folder_rel
         logits = model(**inputs).logits
     printed = logits_equal_without_compress(out / "model", inputs, logits, tmp_path)
     assert "CompressErnieForSequenceClassification" in printed and str(cfg["layer_heads"]) in printed
+
+
+def test_a_speedup_target_on_a_discovered_type_is_met_by_its_latency_table(ernie_finetuned, tmp_path,
+                                                                           monkeypatch):
+    from compress.measure.latency_table import LatencyTable
+
+    monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "fast"
+    assert main(["prune", "--stage", "post-training", "--model", str(ernie_finetuned), "--structured",
+                 "heads,ffn", "--criterion", "fisher", "--speedup", "1.1", "--latency-shape", "4x32",
+                 "--latency-runtime", "ort-fp32", "--calibration-samples", "16", "--batch-size", "8",
+                 "--max-length", "32", "--out", str(out)]) == 0
+    table = LatencyTable.from_dict(json.loads((out / "latency_table.json").read_text()))
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert table.key["shape"]["model_type"] == "ernie" and table.reference == "smallest"
+    assert min(cfg["layer_heads"]) >= 1 and min(cfg["layer_intermediate"]) >= 1  # no block can go
+    assert table.predicted_speedup(cfg["layer_heads"], cfg["layer_intermediate"]) >= 1.1
+    assert main(["verify", str(out)]) == 0
 
 
 def test_structured_pruning_of_a_discovered_type_it_cannot_resize_is_refused_before_data(tmp_path):
