@@ -118,9 +118,11 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
     heads = {}
     all_heads: list[float] = []
     for layer in sorted(head_zero):
-        kinds = head_zero[layer]
+        # the heads of the query/key/value rows; an output projection may read more than the heads'
+        # context (ConvBERT's convolution output follows it): those columns are no head's
+        n_layer_heads = min(len(v) for v in head_zero[layer].values())
+        kinds = {k: v[:n_layer_heads] for k, v in head_zero[layer].items()}
         per_kind = {k: [z / head_size[layer][k] for z in kinds[k]] for k in kinds}
-        n_layer_heads = len(next(iter(kinds.values())))
         total_zero = [sum(kinds[k][h] for k in kinds) for h in range(n_layer_heads)]
         total_size = sum(head_size[layer][k] for k in kinds)
         per_head = [z / total_size for z in total_zero]

@@ -157,7 +157,7 @@ def discover(model: nn.Module) -> Discovered:
     model.eval()
     try:
         calls = _run(model, linears)
-        roles = _attention_roles(model, linears, calls, hidden, width)
+        roles = _attention_roles(model, linears, calls, hidden, width, head_dim)
     finally:
         model.train(was_training)
     ffn_roles, glu = _ffn_roles(linears, calls, hidden, ffn, set(roles.values()))
@@ -191,7 +191,17 @@ def _head_attrs(attention: nn.Module, heads: int, width: int) -> dict[str, str]:
     return out
 
 
-def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, width: int) -> dict:
+def _qkv_group(linears: dict, calls: dict, called: list[str], hidden: int, width: int) -> list[str] | None:
+    """Three Linears ``hidden -> width`` that read one input: exactly three, else the first three
+    called of a larger group (Longformer's global-attention projections read the same hidden
+    states after them); None when there are none."""
+    cands = [s for s in called if linears[s].in_features == hidden and linears[s].out_features == width]
+    groups = _same_input(calls, cands)
+    return next((g for g in groups if len(g) == 3), None) or next((g[:3] for g in groups if len(g) > 3), None)
+
+
+def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, width: int,
+                     head_dim: int) -> dict:
     called = [s for s in linears if s in calls]
     fused = [s for s in called if linears[s].in_features == hidden and linears[s].out_features == 3 * width]
     if len(fused) == 1:
@@ -202,13 +212,20 @@ def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, 
             raise ModelError(f"a fused QKV projection ({fused[0]}) but no attention output projection "
                              f"was found; {HINT}")
         return {"qkv": fused[0], "attn_out": min(out, key=lambda s: calls[s]["order"])}
-    cands = [s for s in called if linears[s].in_features == hidden and linears[s].out_features == width]
-    group = next((g for g in _same_input(calls, cands) if len(g) == 3), None)
+    group = _qkv_group(linears, calls, called, hidden, width)
+    if group is None:  # an attention narrower than the config's heads (ConvBERT's head_ratio)
+        narrower = sorted({linears[s].out_features for s in called if linears[s].in_features == hidden
+                           and linears[s].out_features < width and linears[s].out_features % head_dim == 0},
+                          reverse=True)
+        group = next((g for w in narrower if (g := _qkv_group(linears, calls, called, hidden, w))), None)
     if group is None:
         raise ModelError(f"no query, key and value projections ({hidden} -> {width}, reading the same "
                          f"input) were found in the first layer; {HINT}")
     last = max(calls[s]["order"] for s in group)
-    outs = sorted((s for s in called if s not in group and linears[s].in_features == width
+    qkv_width = linears[group[0]].out_features
+    # the output projection reads the heads' context (ConvBERT: followed by its convolution's output)
+    outs = sorted((s for s in called if s not in group and linears[s].in_features >= qkv_width
+                   and linears[s].in_features % head_dim == 0
                    and linears[s].out_features == hidden and calls[s]["order"] > last),
                   key=lambda s: calls[s]["order"])
     if not outs:

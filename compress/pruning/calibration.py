@@ -105,6 +105,13 @@ def _token_rows(x: torch.Tensor, mask: torch.Tensor | None, name: str) -> tuple[
         return x.reshape(-1, x.shape[-1]).float(), 1
     if x.ndim == 3 and tuple(x.shape[:2]) == tuple(mask.shape):
         return x[mask].float(), 1  # [tokens, in]: padding positions dropped
+    batch, length = mask.shape
+    if x.ndim == 3 and x.shape[0] != batch and x.shape[1] == batch and x.shape[0] >= length:
+        x = x.transpose(0, 1)  # [positions, batch, in] (Longformer's attention projections)
+    if x.ndim == 3 and x.shape[0] == batch and x.shape[1] > length:
+        # the model padded the batch inside, at the end, to a multiple of its attention window
+        # (Longformer): the positions past the batch's are padding
+        return x[:, :length][mask].float(), 1
     if x.ndim == 3 and x.shape[0] == mask.shape[0]:
         raise ModelError(f"{name} sees {x.shape[1]} of the batch's {mask.shape[1]} positions at a time "
                          "(chunk_size_feed_forward?): its padding cannot be told apart; load the model with "

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from compress.core.errors import UsageError
+from compress.core.errors import ModelError, UsageError
 from compress.pruning.calibration import calibration_sample, gather_stats, prune_calibrated
 from compress.pruning.criteria import CRITERIA, LayerStats, get_criterion, weight_only
 from compress.pruning.masks import NMPattern, keep_mask_flat
@@ -399,3 +399,17 @@ def test_deberta_shared_position_keys_give_statistics_that_do_not_depend_on_the_
         assert four[name].tokens == two[name].tokens
     # value_proj sees tokens only: 8 x 12 positions less the 4 padded ones
     assert four["value"].tokens == 8 * 12 - 4
+
+
+def test_token_rows_drop_padding_the_model_adds_inside_and_read_transposed_inputs():
+    from compress.pruning.calibration import _token_rows
+
+    x = torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(2, 8, 3)  # padded inside from 5 to 8
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    rows, weight = _token_rows(x, mask, "m")
+    expected = torch.cat([x[0, :5], x[1, :3]])
+    assert weight == 1 and torch.equal(rows, expected)
+    rows, weight = _token_rows(x.transpose(0, 1), mask, "m")  # [positions, batch, in] (Longformer)
+    assert weight == 1 and torch.equal(rows, expected)
+    with pytest.raises(ModelError, match="sees 4 of the batch's 5 positions"):
+        _token_rows(x[:, :4], mask, "m")  # fewer positions than the batch: chunked, refused
