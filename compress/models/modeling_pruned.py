@@ -33,6 +33,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import transformers
 from torch import nn
 
@@ -155,6 +156,27 @@ def set_head_attrs(attention: nn.Module, layout: PrunedLayout, heads: int, head_
         setattr(attention, attr, heads if kind == "heads" else heads * head_dim)
 
 
+def _slice_head_inputs(module, args, kwargs):
+    """Forward pre-hook: a 4-D input with one entry per head of the unpruned layer along dim 1 (MPNet's
+    relative-position bias, computed once for all layers) keeps the rows of this layer's heads."""
+    kept, total = module.compress_kept_heads, module.compress_total_heads
+
+    def cut(t):
+        if isinstance(t, torch.Tensor) and t.ndim == 4 and t.shape[1] == total:
+            return t.index_select(1, torch.tensor(kept, dtype=torch.long, device=t.device))
+        return t
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def keep_head_inputs(attention: nn.Module, kept: list[int], total: int) -> None:
+    """Make ``attention`` (which keeps heads ``kept`` of ``total``) take per-head inputs computed for
+    ``total`` heads outside it (``_slice_head_inputs``); idempotent."""
+    attention.compress_kept_heads = tuple(int(h) for h in kept)  # no tensor: models are built on "meta"
+    attention.compress_total_heads = int(total)
+    if _slice_head_inputs not in attention._forward_pre_hooks.values():
+        attention.register_forward_pre_hook(_slice_head_inputs, with_kwargs=True)
+
+
 # An empty block computes what its layer computed with every head / neuron of the block removed:
 # the output projection of nothing is its bias, so the block's output is LayerNorm(residual + bias)
 # (BERT's post-LN layout). The modules stay in place (their zero-size projections too, so the
@@ -233,6 +255,9 @@ def resize_pruned_layers(base_model: nn.Module, config) -> None:
                     _rebuild_linear(layer, roles[role], modules[roles[role]].in_features, rows)
             _rebuild_linear(layer, roles["attn_out"], width, modules[roles["attn_out"]].out_features)
             set_head_attrs(modules[layout.attention], layout, heads, head_dim)
+        kept = getattr(config, "layer_kept_heads", None)
+        if kept is not None and len(kept[i]) < getattr(config, layout.heads_config):
+            keep_head_inputs(modules[layout.attention], kept[i], getattr(config, layout.heads_config))
         if config.layer_intermediate is not None:
             neurons = config.layer_intermediate[i]
             ffn_in = modules[roles["ffn_in"]]
@@ -267,12 +292,15 @@ def write_remote_code(folder: str | Path, config) -> None:
 
 
 def _config_class(base: type) -> type:
-    def __init__(self, layer_heads=None, layer_intermediate=None, pruned_layout=None, **kwargs):
+    def __init__(self, layer_heads=None, layer_intermediate=None, pruned_layout=None, layer_kept_heads=None,
+                 **kwargs):
         base.__init__(self, **kwargs)
         self.layer_heads = None if layer_heads is None else [int(n) for n in layer_heads]
         self.layer_intermediate = None if layer_intermediate is None else [int(n) for n in layer_intermediate]
         if pruned_layout is not None:  # a type outside MODULE_PATHS: where its matrices are
             self.pruned_layout = dict(pruned_layout)
+        if layer_kept_heads is not None:  # and which of its heads each layer kept
+            self.layer_kept_heads = [[int(h) for h in kept] for kept in layer_kept_heads]
 
     name = f"Compress{base.__name__}"
     doc = f"{base.__name__} plus per-layer head counts and FFN widths (None = the uniform size)."

@@ -64,6 +64,7 @@ from compress.models.modeling_pruned import (
     base_model_type,
     can_empty_blocks,
     empty_blocks,
+    keep_head_inputs,
     pruned_class_of,
     register_auto_classes,
     set_head_attrs,
@@ -359,6 +360,21 @@ def _check_keep(keep: list[list[int]], sizes: list[int], unit: str, allow_empty:
     return out
 
 
+def _keep_head_inputs(model: nn.Module, layout: EncoderLayout, layers: list[EncoderLayer],
+                      keep_heads: list[list[int]]) -> None:
+    """Record in ``config.layer_kept_heads`` which of the unpruned heads each layer keeps (composed
+    with an earlier removal) and let each attention module slice the per-head inputs it is given
+    (``modeling_pruned.keep_head_inputs``): a discovered type may compute them outside the layer."""
+    config = model.config
+    total = getattr(config, layout.heads_config)
+    before = getattr(config, "layer_kept_heads", None) or [list(range(total)) for _ in layers]
+    kept = [[before[i][j] for j in keep] for i, keep in enumerate(keep_heads)]
+    config.layer_kept_heads = kept
+    for layer, heads in zip(layers, kept):
+        if len(heads) < total:
+            keep_head_inputs(layer.module.get_submodule(layout.attention), heads, total)
+
+
 def remove_structured(model: nn.Module, keep_heads: list[list[int]],
                       keep_neurons: list[list[int]]) -> dict[str, Any]:
     """Keep exactly ``keep_heads[l]`` / ``keep_neurons[l]`` (indices into layer l's current heads /
@@ -406,6 +422,7 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
     config.layer_intermediate = after["ffn"]
     if layout.discovered:  # no module table for this type: the saved config says where its matrices are
         config.pruned_layout = layout_to_dict(layout)
+        _keep_head_inputs(model, layout, layers, keep_heads)
         register_auto_classes([model_type])
     model.__class__ = pruned_class
     params_after = sum(p.numel() for p in model.parameters())
