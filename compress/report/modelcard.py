@@ -293,11 +293,17 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
     if pruning.get("history"):
         steps = ", ".join(f"{h['step']}: {100 * h['sparsity']:.1f}%" for h in pruning["history"][-5:])
         lines += ["", f"Pruning steps (last five, step: sparsity): {steps}."]
-    lines += ["", "## Use", "", "```python",
-              "from transformers import AutoModel, AutoModelForSequenceClassification",
-              f"model = {'AutoModelForSequenceClassification' if meta.get('label_names') else 'AutoModel'}"
-              ".from_pretrained(\"PATH_OR_HUB_ID\")",
-              "```", "",
+    auto = 'AutoModelForSequenceClassification' if meta.get('label_names') else 'AutoModel'
+    lines += ["", "## Use", "", "```python", f"from transformers import {auto}"]
+    if (model_type or "").startswith("compress_"):  # per-layer sizes: classes of this project's own
+        lines += [f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\", trust_remote_code=True)",
+                  "```", "",
+                  "Its layers keep different numbers of heads and FFN neurons, which no stock config "
+                  "describes: the classes that build them are in `modeling_pruned.py` beside the weights, "
+                  "hence `trust_remote_code=True` (or `import compress` first, where it is installed)."]
+    else:
+        lines += [f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\")", "```"]
+    lines += ["",
               "Fine-tuning it with `compress finetune --model PATH` keeps its masks (pruned weights stay "
               "zero); `compress measure PATH` and `compress export PATH --to model.onnx` read it.", ""]
     return "\n".join(lines)

@@ -189,6 +189,8 @@ def test_fisher_structured_removes_heads_of_a_discovered_type_and_the_folder_rel
     with torch.no_grad():
         logits = model(**inputs).logits
     printed = logits_equal_without_compress(out / "model", inputs, logits, tmp_path)
+    card = (out / "model" / "README.md").read_text()
+    assert 'from_pretrained("PATH_OR_HUB_ID", trust_remote_code=True)' in card  # as done just above
     assert f"{type(model).__name__} {cfg['layer_heads']}" in printed
 
 
