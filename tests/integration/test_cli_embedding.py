@@ -203,3 +203,26 @@ def test_embedding_sweep_then_report(tiny_bert, data_dir, tmp_path):
     with open(out / "report" / "metric_vs_sparsity.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert sorted({r["variant"] for r in rows}) == ["sparsegpt", "sparsegpt+kd"]
+
+
+def test_structured_fisher_on_an_mpnet_embedding_model_without_a_role_table(data_dir, tmp_path):
+    """MPNet (all-mpnet-base-v2's architecture) has no role table: discovery finds its roles and its
+    heads keep their rows of the relative-position bias; sentence-transformers reopens the folder."""
+    from transformers import AutoTokenizer, MPNetConfig, MPNetModel
+
+    from compress.models.loading import packaged_model_path
+
+    base = tmp_path / "mpnet"
+    MPNetModel(MPNetConfig(vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64)).save_pretrained(base)
+    AutoTokenizer.from_pretrained(packaged_model_path("minilm")).save_pretrained(base)
+    run = tmp_path / "fisher"
+    r = run_cli("prune", "--stage", "post-training", "--task", "embedding", "--model", str(base),
+                "--structured", "heads,ffn", "--criterion", "fisher", "--flops-reduction", "0.3",
+                "--recovery-steps", "1", "--data-dir", str(data_dir), "--out", str(run), *FAST)
+    assert r.returncode == 0, r.stderr
+    s = _summary(run)
+    assert s["structured"]["flops_reduction"] >= 0.3
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["model_type"] == "compress_mpnet" and "pruned_layout" in config
+    assert s["sentence_transformers"]["equal_to_1e-5"] is True
