@@ -48,7 +48,6 @@ import torch
 from torch import nn
 
 from compress.core.errors import UsageError
-from compress.models.architectures import layout_for
 from compress.pruning.fisher_masks import (
     FisherImportance,
     fisher_importance,
@@ -58,7 +57,7 @@ from compress.pruning.fisher_masks import (
 )
 from compress.pruning.fisher_search import MAX_SWAPS, TARGETS, rearrange_masks, removal_cost, search_masks
 from compress.pruning.fisher_tuning import SCALE_BOUND, fold_scales, tune_masks_least_squares
-from compress.pruning.structured import remove_structured
+from compress.pruning.structured import check_removable, remove_structured
 
 IMPORTANCE = ("empirical Fisher diagonal of per-head / per-neuron multiplicative masks (Kwon et al. 2022): "
               "sum over examples of the squared per-example gradient")
@@ -162,7 +161,7 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
     if seq_len < 1:
         raise UsageError(f"seq_len must be a positive number of tokens, got {seq_len}")
     targets = check_targets(targets)
-    layout = layout_for(model)
+    layout = check_removable(model)  # a type whose layers cannot shrink is refused before any work
     batches = list(batches)
     lap = PhaseClock()
     if fisher is None:

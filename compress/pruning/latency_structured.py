@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from compress.core.errors import UsageError
-from compress.models.architectures import layout_for
 from compress.models.modeling_pruned import can_empty_blocks
 from compress.pruning.fisher_masks import FisherImportance, fisher_importance, unit_flops
 from compress.pruning.fisher_search import MAX_SWAPS, TARGETS
@@ -37,6 +36,7 @@ from compress.pruning.latency_search import (
     top_units,
     width_counts,
 )
+from compress.pruning.structured import check_removable
 
 
 class LatencyModel(Protocol):
@@ -93,7 +93,7 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
     returns the report (the plan, what was removed, FLOPs before and after, seconds per phase).
     ``max_swaps``, ``scale_bound``: as in ``fisher_prune_structured``."""
     targets = check_targets(targets)
-    layout = layout_for(model)
+    layout = check_removable(model)  # a type whose layers cannot shrink is refused before any work
     batches = list(batches)
     lap = PhaseClock()
     if fisher is None:

@@ -217,8 +217,7 @@ def prune_structured(model: nn.Module, sparsity: float,
     """
     targets = tuple(targets)
     _check_args(sparsity, targets)
-    layout = _structured_layout(model)
-    _pruned_class(model)  # refuse an unsupported head class before any planning
+    layout = check_removable(model)  # refuse an unsupported class or type before any planning
     layers = encoder_layers(model, layout)
     _, head_dim = head_layout(model)
     before = layer_sizes(model)
@@ -242,9 +241,13 @@ def check_removable(model: nn.Module) -> EncoderLayout:
     fewer heads than its config says."""
     layout = _structured_layout(model)
     _pruned_class(model)
-    if layout.discovered:
+    if layout.discovered and not getattr(model, PROBED_ATTR, False):
         probe_removal(model)
+        object.__setattr__(model, PROBED_ATTR, True)  # once per model: a pipeline calls this again
     return layout
+
+
+PROBED_ATTR = "_compress_removal_probed"
 
 
 PROBE_TOLERANCE = 1e-4
@@ -311,7 +314,7 @@ def probe_removal(model: nn.Module) -> float:
             try:
                 with tempfile.TemporaryDirectory() as folder:
                     probe.save_pretrained(folder)
-                    reloaded = type(probe).from_pretrained(folder).eval()
+                    reloaded = type(probe).from_pretrained(folder, use_safetensors=True).eval()
             finally:
                 if bars:
                     hf_logging.enable_progress_bar()

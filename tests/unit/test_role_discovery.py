@@ -287,3 +287,31 @@ def test_encoder_types_prune_fisher_structured_or_are_refused_in_one_line(outcom
     assert len(removed) / len(results) >= 0.8, sorted(t for t, (k, _) in results.items() if k == "refused")
 
 
+
+
+def test_every_structured_entry_point_refuses_a_type_that_cannot_shrink_before_reading_data():
+    from compress.pruning.fisher_structured import fisher_prune_structured
+    from compress.pruning.structured import prune_structured
+
+    def batches():
+        raise AssertionError("data was read")
+        yield  # a generator that fails when iterated
+
+    model = tiny_model("nystromformer")
+    with pytest.raises(CompressError, match="cannot remove heads or FFN neurons of nystromformer"):
+        fisher_prune_structured(model, batches(), 0.3, 12)
+    with pytest.raises(CompressError, match="cannot remove heads or FFN neurons of nystromformer"):
+        prune_structured(model, 0.25)
+    assert not type(model).__name__.startswith("Compress")
+
+
+def test_the_removal_probe_runs_once_per_model(monkeypatch):
+    import compress.pruning.structured as structured
+
+    calls = []
+    real = structured.probe_removal
+    monkeypatch.setattr(structured, "probe_removal", lambda m: calls.append(1) or real(m))
+    model = tiny_model("ernie")
+    structured.check_removable(model)
+    structured.prune_structured(model, 0.25)
+    assert calls == [1] and type(model).__name__ == "CompressErnieForSequenceClassification"
