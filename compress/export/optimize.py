@@ -5,7 +5,9 @@ that lets them match, and the report's one ``fusion`` line.
 table (``compress.models.architectures``, ``ort_model_type``): "bert" for the BERT family (RoBERTa, XLM-R,
 ELECTRA, DistilBERT, ALBERT; onnxruntime has no model type of their own), none for DeBERTa
 (disentangled attention) and ModernBERT (fused QKV, rotary, GLU), whose graph is kept as exported.
-The report's ``fusion`` line says what fused, or that nothing did and why.
+An encoder whose roles were found by discovery gets the "bert" fusions on trial
+(``fusion_on_trial``): its fused graph is kept only where its parity check passes, else the graph
+as exported. The report's ``fusion`` line says what fused, or that nothing did and why.
 """
 
 from __future__ import annotations
@@ -197,6 +199,9 @@ def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
     model_type = getattr(getattr(encoder, "config", None), "model_type", type(encoder).__name__)
     if layout is None:
         return None, f"architecture '{model_type}' has no role table (compress.models.architectures)"
+    if layout.discovered:
+        return "bert", (f"{model_type}: roles found by discovery; onnxruntime's 'bert' fusions are tried "
+                        "and kept where the fused graph's parity holds")
     if layout.ort_model_type is None:
         return None, f"{model_type}: {layout.notes or 'no onnxruntime fusion applies'}"
     if layout.ort_model_type not in MODEL_TYPES:
@@ -204,6 +209,17 @@ def optimizer_model_type(loaded: LoadedModel) -> tuple[str | None, str]:
                          f"'{layout.ort_model_type}', which this onnxruntime lacks; it knows: "
                          f"{', '.join(sorted(MODEL_TYPES))}")
     return layout.ort_model_type, f"{model_type} uses onnxruntime's '{layout.ort_model_type}' fusions"
+
+
+def fusion_on_trial(loaded: LoadedModel) -> bool:
+    """Whether ``optimizer_model_type``'s fusions are a trial for ``loaded`` (roles found by
+    discovery, not a role table): the caller keeps the fused graph only where its parity holds."""
+    from compress.models.architectures import find_layout
+
+    if loaded.kind not in ("bert", "embedding"):
+        return False
+    layout = find_layout(hf_encoder(loaded))
+    return bool(layout is not None and layout.discovered)
 
 
 def attention_executions(loaded: LoadedModel) -> int | None:

@@ -454,7 +454,7 @@ def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, n
     operator counts). Parity is not checked: the weights are random and only the time is used."""
     from compress.export.loading import as_loaded
     from compress.export.onnx import export_onnx
-    from compress.export.optimize import attention_shape, optimize_onnx, optimizer_model_type
+    from compress.export.optimize import attention_shape, fusion_on_trial, optimize_onnx, optimizer_model_type
     from compress.export.precision import PRECISIONS
 
     loaded = as_loaded(model)
@@ -466,12 +466,27 @@ def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, n
     if model_type is not None:
         heads, hidden = attention_shape(loaded)
         fused = optimize_onnx(path, folder / f"{name}.opt.onnx", heads, hidden, model_type=model_type)
-        path = folder / f"{name}.opt.onnx"
+        if not fusion_on_trial(loaded) or _parity_holds(loaded, folder / f"{name}.opt.onnx"):
+            path = folder / f"{name}.opt.onnx"
+        else:  # as ``compress export`` does: a trial fusion that changes the outputs is dropped
+            fused = {}
     target = PRECISIONS[runtime.precision]
     if target.name != "fp32":
         target.convert(path, folder / f"{name}.{target.name}.onnx")
         path = folder / f"{name}.{target.name}.onnx"
     return path, fused
+
+
+def _parity_holds(loaded, path: Path) -> bool:
+    """Whether the ONNX file ``path`` computes what ``loaded`` computes (fp32, two small shapes)."""
+    from compress.core.errors import ParityError
+    from compress.export.onnx import check_parity
+
+    try:
+        check_parity(loaded, path, [(2, 16), (1, 7)], 1e-4, "CPUExecutionProvider", "optimized fp32")
+    except ParityError:
+        return False
+    return True
 
 
 def runtime_callable(model: torch.nn.Module, runtime: Runtime, feeds: dict[str, torch.Tensor],

@@ -183,7 +183,11 @@ def test_fisher_structured_removes_heads_of_a_discovered_type_and_the_folder_rel
     # a fresh process: compress builds and registers the compress_<type> classes from the folder's config
     fresh = run_cli("eval", "--model", str(out), "--max-length", "32", isolated=True)
     assert fresh.returncode == 0, fresh.stderr[-2000:]
-    assert main(["export", str(out), "--to", str(tmp_path / "m.onnx")]) == 0
+    assert main(["export", str(out), "--to", str(tmp_path / "m.onnx"), "--optimize"]) == 0
+    report = json.loads((tmp_path / "m.json").read_text())
+    assert report["optimizer_model_type"] == "bert" and "parity_optimized" in report
+    if arch == "ernie":  # BERT's graph: onnxruntime fuses its attention; MPNet's bias add stops it
+        assert report["fused_ops"].get("Attention") == 2, report["fused_ops"]
     model = AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
     tokens = AutoTokenizer.from_pretrained(out / "model")(["a short sentence", "another"], padding=True,
                                                            return_tensors="pt")
@@ -225,3 +229,23 @@ def test_structured_pruning_of_a_discovered_type_it_cannot_resize_is_refused_bef
     last = r.stderr.strip().splitlines()
     assert len(last) == 1 and "cannot remove heads or FFN neurons of nystromformer" in last[0], last
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_trial_fusion_that_breaks_parity_is_dropped_for_a_discovered_type_only(
+        ernie_finetuned, tiny_encoder, tmp_path, monkeypatch):
+    import compress.recipes.export as export
+    from compress.core.errors import ParityError
+
+    real = export.check_parity
+
+    def failing(loaded, path, shapes, atol, provider, label):
+        if label == "optimized fp32":
+            raise ParityError("optimized fp32 ONNX model optimized.onnx does not match PyTorch")
+        return real(loaded, path, shapes, atol, provider, label)
+
+    monkeypatch.setattr(export, "check_parity", failing)
+    assert main(["export", str(ernie_finetuned), "--to", str(tmp_path / "e.onnx"), "--optimize"]) == 0
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["optimizer_model_type"] is None and report["fused_ops"] == {}
+    assert "tried and dropped" in report["fusion"] and "parity_fp32" in report
+    assert main(["export", str(tiny_encoder("bert")), "--to", str(tmp_path / "b.onnx"), "--optimize"]) == 1
