@@ -39,12 +39,6 @@ from torch import nn
 
 PREFIX = "compress_"
 HEAD_ROW_ROLES = ("query", "key", "value", "qkv", "pos_query", "pos_key")
-# transformers Auto class -> the class-name suffix of the stock model it builds
-AUTO_CLASSES = {"AutoModel": "Model",
-                "AutoModelForSequenceClassification": "ForSequenceClassification",
-                "AutoModelForQuestionAnswering": "ForQuestionAnswering",
-                "AutoModelForMaskedLM": "ForMaskedLM",
-                "AutoModelForTokenClassification": "ForTokenClassification"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +93,8 @@ MODULE_PATHS = {
         {"qkv": "attn.Wqkv", "attn_out": "attn.Wo", "ffn_in": "mlp.Wi", "ffn_out": "mlp.Wo"},
         "attn", {"num_heads": "heads", "all_head_size": "width"}, glu=True),
 }
+
+
 def base_model_type(model_type: str) -> str:
     """``compress_roberta`` -> ``roberta`` (any other type unchanged)."""
     return model_type[len(PREFIX):] if model_type.startswith(PREFIX) else model_type

@@ -3,7 +3,9 @@ role table (``compress.models.architectures``: the BERT family, DistilBERT, ALBE
 ModernBERT), and of an encoder whose roles were found by discovery when its own forward accepts
 the smaller layers: ``check_removable`` removes a head and half the FFN of the first layer of a copy
 and compares it, before and after a save and reload, with the model whose units are zeroed
-(MPNet, whose relative-position bias has one row per head of the config, is refused so).
+(Nyströmformer, whose convolution has one group per head of the config, is refused so). Per-head
+inputs a discovered type computes outside its layers (MPNet's relative-position bias) are cut to
+each layer's kept heads (``modeling_pruned.keep_head_inputs``).
 
 Groups. A head owns its rows of the query, key and value matrices (the q, k and v blocks of a
 fused ``qkv``; DeBERTa's ``pos_query``/``pos_key`` when present) and its columns of ``attn_out``;
