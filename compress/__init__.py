@@ -3,7 +3,7 @@
 The public Python API (listed in ``__all__``; README "Python API") is imported lazily: ``import
 compress`` loads neither torch nor transformers until a name is used.
 
-- pruning: ``make_pruner``, ``prune_model``, ``prunable_targets``, ``save_model``,
+- pruning: ``make_pruner``, ``prune_model``, ``prune_structured_model``, ``prunable_targets``, ``save_model``,
   ``verify_masks``, ``ScheduledPruner``, ``OneShotSchedule``, ``GradualSchedule``;
 - ``transformers.Trainer``: ``PruningCallback``, ``DistillationTrainer``;
 - distillation: ``kd_loss``;
@@ -25,6 +25,7 @@ from compress.core.version import __version__  # noqa: F401 - re-exported
 _PUBLIC: dict[str, str] = {
     "make_pruner": "compress.api.functions",
     "prune_model": "compress.api.functions",
+    "prune_structured_model": "compress.api.structured",
     "prunable_targets": "compress.api.functions",
     "save_model": "compress.api.functions",
     "verify_masks": "compress.api.functions",
