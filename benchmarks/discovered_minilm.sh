@@ -3,7 +3,8 @@
 # all-MiniLM-L6-v2 (BERT, role table) and the same weights saved as ERNIE (no role table, roles found
 # by discovery; benchmarks/as_ernie.py) go through the same commands, as embedding models with no
 # fine-tuning: eval, SparseGPT 50% one-shot, Fisher-structured to -50% FLOPs (one-shot, then the
-# int8 export with its fusion and embedding parity). benchmarks/discovered_table.py compares them.
+# int8 export with its fusion and embedding parity, both int8 graphs timed in one bench run).
+# benchmarks/discovered_table.py compares them.
 #
 #   DATA=../shared/data OUT=artifacts/discovered-minilm benchmarks/discovered_minilm.sh
 #
@@ -33,4 +34,6 @@ for pair in "bert=minilm" "ernie=$OUT/minilm-ernie"; do
   run "$tag-fisher-50-int8" export "$OUT/runs/$tag-fisher-50" --to "$OUT/runs/$tag-fisher-50-int8.onnx" \
     --optimize --quantize int8 "${data[@]}"
 done
+run bench bench "bert-int8=$OUT/runs/bert-fisher-50-int8.onnx" "ernie-int8=$OUT/runs/ernie-fisher-50-int8.onnx" \
+  --batch-sizes 1,32 --seq-lens 128 --runtimes ort --provider cpu --rounds 5 --out "$OUT/runs/bench"
 "$PY" benchmarks/discovered_table.py "$OUT/runs" --out "$OUT/discovered_minilm.json"

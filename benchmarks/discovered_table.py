@@ -59,6 +59,10 @@ def compare(runs: Path) -> dict:
         "fisher_p@1_difference": e["fisher_50"]["p@1"] - b["fisher_50"]["p@1"],
         "int8_fused_ops": b["fisher_50_int8"]["fused_ops"] == e["fisher_50_int8"]["fused_ops"],
     }
+    bench = json.loads((runs / "bench" / "bench.json").read_text())
+    out["bench"] = {"load_average_1min": bench.get("load_average_1min"), "threads": bench.get("threads"),
+                    "rows": [{k: r[k] for k in ("model", "batch", "seq_len", "median_ms", "vs_baseline")}
+                             for r in bench["rows"]], "baseline": bench["baseline"]}
     return out
 
 
@@ -77,6 +81,9 @@ def main() -> None:
               f"{100 * r['fisher_50']['p@1']:.2f} | {100 * r['fisher_50_int8']['p@1']:.2f} | "
               f"{r['fisher_50_int8']['cosine_to_fp32_mean']:.4f} | {r['fisher_50_int8']['fused_ops']} |")
     print(json.dumps(result["same"], indent=2))
+    for r in result["bench"]["rows"]:
+        print(f"{r['model']:10s} {r['batch']}x{r['seq_len']}: {r['median_ms']:.2f} ms, "
+              f"{r['vs_baseline']:.2f}x {result['bench']['baseline']}")
 
 
 if __name__ == "__main__":
