@@ -167,3 +167,26 @@ def test_the_teacher_of_a_kd_sweep_is_checked_once_before_any_cell(tiny_bert, tm
                               "has ['neg', 'pos']; use a teacher fine-tuned on this task")
     assert loads == [str(teacher)]
     assert not sweep.exists()
+
+
+def test_a_sweep_of_an_encoder_without_a_role_table(tmp_path):
+    """A tiny ERNIE (roles found by discovery) through a one-shot sweep on the bundled sample and the
+    report: every cell finishes and prunes the discovered matrices."""
+    import transformers
+
+    from tests.integration.test_cli_prune_any_encoder import DISCOVERED, _saved
+
+    config_class, model_class = (getattr(transformers, n) for n in DISCOVERED["ernie"])
+    folder = _saved(tmp_path / "ernie", model_class(config_class(
+        vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)))
+    out = tmp_path / "sweep"
+    res = run_cli("sweep", "--sparsities", "0.5", "--tasks", "sample", "--variants", "sparsegpt,wanda",
+                  "--calibration-samples", "16", "--model", str(folder), *SMALL, "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    cells = json.loads((out / "sweep.json").read_text())["cells"]
+    assert len(cells) == 3 and all(c["status"] == "finished" for c in cells)
+    for cell in cells[1:]:
+        summary = json.loads((out / cell["name"] / "summary.json").read_text())
+        assert summary["sparsity"]["encoder"] == pytest.approx(0.5, abs=0.01)
+    assert run_cli("report", str(out)).returncode == 0
+    assert "| sparsity % | sparsegpt | wanda |" in (out / "report.md").read_text()
