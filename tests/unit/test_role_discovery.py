@@ -17,6 +17,7 @@ import torch
 import transformers
 from transformers.models.auto import modeling_auto
 
+import compress
 from compress.api.functions import prune_model
 from compress.core.errors import CompressError
 from compress.measure.sparsity import sparsity_report
@@ -62,7 +63,15 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def outcome(model_type: str) -> tuple[str, str]:
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from compress.models.loading import packaged_model_path
+
+    return AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
+
+
+def outcome(model_type: str, tmp_path) -> tuple[str, str]:
     """(kind, detail): kind in encdec, no-attention, not-buildable, refused, pruned."""
     config = transformers.AutoConfig.for_model(model_type)
     if getattr(config, "is_encoder_decoder", False):
@@ -97,12 +106,18 @@ def outcome(model_type: str) -> tuple[str, str]:
         report = sparsity_report(pruned)  # what measure and the model card print
         assert report["encoder"]["sparsity"] == pytest.approx(0.5, abs=0.03), model_type
         assert all(len(h["per_head"]) >= 1 for h in report["heads"].values())
+        if criterion == "sparsegpt":  # saved with its masks and model card, then `compress verify`
+            folder = tmp_path / model_type
+            compress.save_model(pruned, tokenizer(), folder, masks)
+            verified = compress.verify_masks(folder)
+            assert verified["pruned"] >= len(matrices) and verified["sparsity"] > 0, verified
     return "pruned", f"{source}: {', '.join(sorted(layout.roles))}"
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> dict[str, tuple[str, str]]:
-    return {t: outcome(t) for t in encoder_types()}
+def outcomes(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    root = tmp_path_factory.mktemp("one_shot")
+    return {t: outcome(t, root) for t in encoder_types()}
 
 
 def test_encoder_types_prune_one_shot_or_are_refused_in_one_line(outcomes):
