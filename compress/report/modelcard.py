@@ -293,20 +293,34 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
     if pruning.get("history"):
         steps = ", ".join(f"{h['step']}: {100 * h['sparsity']:.1f}%" for h in pruning["history"][-5:])
         lines += ["", f"Pruning steps (last five, step: sparsity): {steps}."]
-    auto = 'AutoModelForSequenceClassification' if meta.get('label_names') else 'AutoModel'
-    lines += ["", "## Use", "", "```python", f"from transformers import {auto}"]
-    if (model_type or "").startswith("compress_"):  # per-layer sizes: classes of this project's own
-        lines += [f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\", trust_remote_code=True)",
-                  "```", "",
-                  "Its layers keep different numbers of heads and FFN neurons, which no stock config "
-                  "describes: the classes that build them are in `modeling_pruned.py` beside the weights, "
-                  "hence `trust_remote_code=True` (or `import compress` first, where it is installed)."]
-    else:
-        lines += [f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\")", "```"]
-    lines += ["",
+    lines += ["", "## Use", "", *_use_lines(meta, model_type), "",
               "Fine-tuning it with `compress finetune --model PATH` keeps its masks (pruned weights stay "
               "zero); `compress measure PATH` and `compress export PATH --to model.onnx` read it.", ""]
     return "\n".join(lines)
+
+
+def _use_lines(meta: dict[str, Any], model_type: str | None) -> list[str]:
+    """The card's loading snippet: sentence-transformers for an embedding model, else the Auto class;
+    with ``trust_remote_code=True`` where the per-layer sizes need the folder's own classes."""
+    from compress.models.modeling_pruned import MODULE_PATHS, base_model_type
+
+    structured = (model_type or "").startswith("compress_")
+    remote = ", trust_remote_code=True" if structured else ""
+    if meta.get("task") == "embedding":
+        lines = ["```python", "from sentence_transformers import SentenceTransformer",
+                 f"model = SentenceTransformer(\"PATH_OR_HUB_ID\"{remote})",
+                 "embeddings = model.encode([\"A first sentence.\", \"A second one.\"])", "```"]
+    else:
+        auto = "AutoModelForSequenceClassification" if meta.get("label_names") else "AutoModel"
+        lines = ["```python", f"from transformers import {auto}",
+                 f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\"{remote})", "```"]
+    if structured:
+        registered = base_model_type(model_type) in MODULE_PATHS
+        lines += ["", "Its layers keep different numbers of heads and FFN neurons, which no stock config "
+                  "describes: the classes that build them are in `modeling_pruned.py` beside the weights, "
+                  "hence `trust_remote_code=True`"
+                  + (" (or `import compress` first, where it is installed)." if registered else ".")]
+    return lines
 
 
 def write_model_card(folder: str | Path, model=None, *, meta: dict[str, Any] | None = None,

@@ -226,3 +226,6 @@ def test_structured_fisher_on_an_mpnet_embedding_model_without_a_role_table(data
     config = json.loads((run / "model" / "config.json").read_text())
     assert config["model_type"] == "compress_mpnet" and "pruned_layout" in config
     assert s["sentence_transformers"]["equal_to_1e-5"] is True
+    card = (run / "model" / "README.md").read_text()  # how to open it, as the test just did
+    assert 'SentenceTransformer("PATH_OR_HUB_ID", trust_remote_code=True)' in card
+    assert "import compress" not in card  # importing compress does not register a discovered type
