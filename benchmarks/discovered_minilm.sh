@@ -17,12 +17,7 @@ PY="${PYTHON:-python3}"
 mkdir -p "$OUT/runs"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false COMPRESS_NO_PROGRESS=1
 data=(--task embedding --data-dir "$DATA" --split-by-article 38/10)
-run() {  # run NAME ARGS...: one compress command into $OUT/runs/NAME, unless finished
-  local name=$1; shift
-  [ -f "$OUT/runs/$name/summary.json" ] || [ -f "$OUT/runs/$name.onnx" ] && return 0
-  echo "$(date +%T) $name"
-  "$PY" -m compress "$@" > "$OUT/runs/$name.log" 2>&1 || { tail -5 "$OUT/runs/$name.log"; exit 1; }
-}
+source benchmarks/run_step.sh  # run NAME ARGS...: one compress command, unless finished
 [ -f "$OUT/minilm-ernie/config.json" ] || "$PY" benchmarks/as_ernie.py "$OUT/minilm-ernie" minilm
 for pair in "bert=minilm" "ernie=$OUT/minilm-ernie"; do
   tag=${pair%%=*}; model=${pair#*=}

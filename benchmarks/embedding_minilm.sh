@@ -25,12 +25,7 @@ mkdir -p "$OUT/runs"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false COMPRESS_NO_PROGRESS=1
 nvidia-smi --query-gpu=name --format=csv > "$OUT/device.txt" 2>&1 || echo "no GPU: $(nproc) CPU cores" > "$OUT/device.txt"
 data=(--task embedding --data-dir "$DATA" --split-by-article 38/10)
-run() {  # run NAME ARGS...: one compress command into $OUT/runs/NAME, unless finished
-  local name=$1; shift
-  [ -f "$OUT/runs/$name/summary.json" ] || [ -f "$OUT/runs/$name.onnx" ] && return 0
-  echo "$(date +%T) $name"
-  "$PY" -m compress "$@" > "$OUT/runs/$name.log" 2>&1 || { tail -5 "$OUT/runs/$name.log"; exit 1; }
-}
+source benchmarks/run_step.sh  # run NAME ARGS...: one compress command, unless finished
 run dense-eval eval --model minilm "${data[@]}" --out "$OUT/runs/dense-eval"
 post=(prune --stage post-training --model minilm "${data[@]}")
 # the same structured prune (same seed, same Fisher), three recoveries: embeddings alone at the
