@@ -238,12 +238,20 @@ def register_model_types(path: str | Path | None = None) -> None:
 
 
 def _saved_pruned_type(path: str | Path | None) -> tuple[str, ...]:
-    config = Path(path) / "config.json" if path is not None else None
-    if config is None or not config.is_file():
+    """The ``compress_<type>`` of the model at ``path`` (a folder, or a hub id whose config.json is
+    fetched as ``from_pretrained`` would fetch it), or () for any other type or an unreadable one."""
+    if path is None:
         return ()
+    config = Path(path) / "config.json"
     try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
+        if config.is_file():
+            model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        else:
+            from transformers import PretrainedConfig
+
+            check_hub_reachable(str(path))  # cached, or the hub answers: no half-minute of retries
+            model_type = PretrainedConfig.get_config_dict(str(path))[0].get("model_type")
+    except Exception:  # noqa: BLE001 - unreadable here: from_pretrained reports it in its own words
         return ()
     return (model_type,) if isinstance(model_type, str) and model_type.startswith("compress_") else ()
 

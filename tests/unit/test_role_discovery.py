@@ -330,3 +330,23 @@ def test_the_removal_probe_runs_once_per_model(monkeypatch):
     structured.check_removable(model)
     structured.prune_structured(model, 0.25)
     assert calls == [1] and type(model).__name__ == "CompressErnieForSequenceClassification"
+
+
+def test_a_saved_pruned_type_outside_the_table_is_registered_from_its_folder(tmp_path, monkeypatch):
+    import json
+
+    from compress.models import loading, modeling_pruned
+
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "config.json").write_text(json.dumps({"model_type": "compress_roformer"}))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps({"model_type": "roformer"}))
+    assert loading._saved_pruned_type(tmp_path / "p") == ("compress_roformer",)
+    assert loading._saved_pruned_type(tmp_path / "d") == ()
+    monkeypatch.setattr(modeling_pruned, "PRUNED_CLASSES", {k: v for k, v in
+                                                            modeling_pruned.PRUNED_CLASSES.items()
+                                                            if k != "roformer"})
+    loading.register_model_types(tmp_path / "p")
+    assert "roformer" in modeling_pruned.PRUNED_CLASSES
+    config = transformers.AutoConfig.for_model("compress_roformer")
+    assert type(config).__name__ == "CompressRoFormerConfig"
