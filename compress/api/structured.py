@@ -52,7 +52,9 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
     if speedup is not None:
         check.check_real("speedup", speedup, 1, None, lo_open=True)
     check.check_int("seq_len", seq_len, 1)
-    targets = tuple(targets)
+    from compress.pruning.fisher_structured import check_targets
+
+    targets = check_targets(tuple(targets))
     batches = check.check_calibration(calibration, model)  # labels, where given, are kept
     if len({"labels" in b for b in batches}) > 1:
         raise UsageError("either every calibration batch carries 'labels' or none does")

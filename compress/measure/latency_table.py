@@ -407,7 +407,8 @@ def _read_cached(path: Path, key: dict[str, Any]) -> LatencyTable | None:
 # config.to_dict() keys not passed back when a sized copy is made: the pruned class sets its own
 # model type, the sizes are given anew, and a 2-label head replaces any saved label set
 _DROPPED_KEYS = ("model_type", "architectures", "auto_map", "_name_or_path", "transformers_version",
-                 "layer_heads", "layer_intermediate", "id2label", "label2id", "layer_types")
+                 "layer_heads", "layer_intermediate", "layer_kept_heads", "id2label", "label2id",
+                 "layer_types")
 ROUNDS = 5  # round-robin rounds the timed calls of each model are spread over (at most)
 REFERENCE_TURNS = 3  # turns per round of the models subtracted from every layer
 
@@ -418,12 +419,23 @@ def pruned_config(config, layer_heads: Sequence[int], layer_ffn: Sequence[int], 
     from compress.models.modeling_pruned import base_model_type, pruned_classes_for
 
     values = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_KEYS}
+    if values.get("pruned_layout"):  # a discovered type: each layer keeps its first heads, so the
+        # per-head inputs computed outside the layers (MPNet's position bias) are cut to match
+        values["layer_kept_heads"] = [list(range(h)) for h in layer_heads]
     cls = pruned_classes_for(base_model_type(config.model_type))["AutoConfig"]
     out = cls(**values, layer_heads=list(layer_heads), layer_intermediate=list(layer_ffn), num_labels=2,
               attn_implementation=attn_implementation)
     out.num_hidden_layers = len(layer_heads)  # set after: DistilBERT maps it to n_layers
     out.vocab_size = vocab
     return out
+
+
+def _supports_sdpa(config) -> bool:
+    """Whether the pruned classifier of ``config``'s type runs torch's SDPA attention (MPNet does not)."""
+    from compress.models.modeling_pruned import base_model_type, pruned_classes_for
+
+    cls = pruned_classes_for(base_model_type(config.model_type))["AutoModelForSequenceClassification"]
+    return bool(getattr(cls, "_supports_sdpa", False))
 
 
 def pruned_classifier(config) -> torch.nn.Module:
@@ -463,13 +475,17 @@ def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, n
         path = export_onnx(loaded, folder / f"{name}.onnx")
     model_type, _ = optimizer_model_type(loaded)
     fused: dict[str, int] = {}
-    if model_type is not None:
+    if model_type is not None and not fusion_on_trial(loaded):
         heads, hidden = attention_shape(loaded)
         fused = optimize_onnx(path, folder / f"{name}.opt.onnx", heads, hidden, model_type=model_type)
-        if not fusion_on_trial(loaded) or _parity_holds(loaded, folder / f"{name}.opt.onnx"):
-            path = folder / f"{name}.opt.onnx"
-        else:  # as ``compress export`` does: a trial fusion that changes the outputs is dropped
-            fused = {}
+        path = folder / f"{name}.opt.onnx"
+    elif model_type is not None:  # as ``compress export`` does: a trial fusion that fails is dropped
+        try:
+            trial = optimize_onnx(path, folder / f"{name}.opt.onnx", 0, 0, model_type=model_type)
+            if _parity_holds(loaded, folder / f"{name}.opt.onnx"):
+                fused, path = trial, folder / f"{name}.opt.onnx"
+        except Exception:  # noqa: BLE001 - the graph as exported is timed instead
+            pass
     target = PRECISIONS[runtime.precision]
     if target.name != "fp32":
         target.convert(path, folder / f"{name}.{target.name}.onnx")
@@ -479,12 +495,12 @@ def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, n
 
 def _parity_holds(loaded, path: Path) -> bool:
     """Whether the ONNX file ``path`` computes what ``loaded`` computes (fp32, two small shapes)."""
-    from compress.core.errors import ParityError
+    from compress.core.errors import ModelError, ParityError
     from compress.export.onnx import check_parity
 
     try:
         check_parity(loaded, path, [(2, 16), (1, 7)], 1e-4, "CPUExecutionProvider", "optimized fp32")
-    except ParityError:
+    except (ParityError, ModelError):
         return False
     return True
 
@@ -540,7 +556,7 @@ def time_layouts(config, layouts: dict[str, Layout], runtime: Runtime, batch: in
     calls per turn of each. ``copies[name]`` gives a layout that many turns per round; its
     ``median_ms`` is then the mean of the turns' medians (each in ``turn_medians_ms``). Returns
     (stats by name, with ``fused_ops``; {"export_s", "timing_s"})."""
-    attn = "eager" if runtime.precision is not None else "sdpa"
+    attn = "eager" if runtime.precision is not None or not _supports_sdpa(config) else "sdpa"
     t0 = time.perf_counter()
     calls, fused = {}, {}
     with tempfile.TemporaryDirectory(prefix="compress-latency-") as tmp, torch_threads(threads):

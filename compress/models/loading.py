@@ -141,7 +141,7 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
     failure turned into one ModelError line naming ``spec`` and ``what`` it was loaded as. The one
     loader behind the classifier, span, encoder and export loaders."""
     path = resolve_model(spec) if path is None else path
-    register_model_types(path)
+    register_model_types(path, kwargs.get("revision"), kwargs.get("subfolder"))
     try:
         return auto_class.from_pretrained(path, **{"use_safetensors": True, **kwargs,
                                                    "trust_remote_code": False})
@@ -226,23 +226,26 @@ def match_tokenizer_inputs(tokenizer, model):
     return tokenizer
 
 
-def register_model_types(path: str | Path | None = None) -> None:
+def register_model_types(path: str | Path | None = None, revision: str | None = None,
+                         subfolder: str | None = None) -> None:
     """Make the ``compress_<type>`` models (structured-pruned encoders: per-layer head and FFN sizes,
     ``compress_bert``, ``compress_roberta``, ``compress_modernbert``, ...) loadable by the
     transformers Auto classes; every place that loads a saved model calls this first. ``path``: a
-    model folder whose type, if it is a ``compress_<type>`` outside the module table (a type
-    whose roles were found by discovery), gets its classes built and registered too."""
+    model folder or hub id whose type, if it is a ``compress_<type>`` outside the module table (a
+    type whose roles were found by discovery), gets its classes built and registered too
+    (``revision``, ``subfolder``: as ``from_pretrained`` takes them)."""
     from compress.models.modeling_pruned import register_auto_classes
 
-    register_auto_classes(_saved_pruned_type(path))
+    register_auto_classes(_saved_pruned_type(path, revision, subfolder))
 
 
-def _saved_pruned_type(path: str | Path | None) -> tuple[str, ...]:
+def _saved_pruned_type(path: str | Path | None, revision: str | None = None,
+                       subfolder: str | None = None) -> tuple[str, ...]:
     """The ``compress_<type>`` of the model at ``path`` (a folder, or a hub id whose config.json is
     fetched as ``from_pretrained`` would fetch it), or () for any other type or an unreadable one."""
     if path is None:
         return ()
-    config = Path(path) / "config.json"
+    config = Path(path) / (subfolder or "") / "config.json"
     try:
         if config.is_file():
             model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
@@ -250,7 +253,8 @@ def _saved_pruned_type(path: str | Path | None) -> tuple[str, ...]:
             from transformers import PretrainedConfig
 
             check_hub_reachable(str(path))  # cached, or the hub answers: no half-minute of retries
-            model_type = PretrainedConfig.get_config_dict(str(path))[0].get("model_type")
+            model_type = PretrainedConfig.get_config_dict(str(path), revision=revision,
+                                                          subfolder=subfolder or "")[0].get("model_type")
     except Exception:  # noqa: BLE001 - unreadable here: from_pretrained reports it in its own words
         return ()
     return (model_type,) if isinstance(model_type, str) and model_type.startswith("compress_") else ()

@@ -96,7 +96,17 @@ def _model_inputs(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS}
 
 
-def _token_rows(x: torch.Tensor, mask: torch.Tensor | None, name: str) -> tuple[torch.Tensor, int]:
+def pads_inside(model: torch.nn.Module) -> bool:
+    """Whether ``model`` pads its batch inside, at the end, to a multiple of an attention window
+    (Longformer) or block (BigBird's block-sparse attention): its Linears then see more positions
+    than the batch has."""
+    config = getattr(model, "config", None)
+    return getattr(config, "attention_window", None) is not None or \
+        getattr(config, "attention_type", None) == "block_sparse"
+
+
+def _token_rows(x: torch.Tensor, mask: torch.Tensor | None, name: str, padded_inside: bool = False
+                ) -> tuple[torch.Tensor, int]:
     """(rows ``[n, in]`` of a Linear's input, the weight of each row). The batch's tokens: padding
     dropped, weight 1. An input that is not per token (DeBERTa's relative-position embeddings, run
     through the shared query/key projections once per batch): every row weighs the batch size, as
@@ -106,11 +116,11 @@ def _token_rows(x: torch.Tensor, mask: torch.Tensor | None, name: str) -> tuple[
     if x.ndim == 3 and tuple(x.shape[:2]) == tuple(mask.shape):
         return x[mask].float(), 1  # [tokens, in]: padding positions dropped
     batch, length = mask.shape
-    if x.ndim == 3 and x.shape[0] != batch and x.shape[1] == batch and x.shape[0] >= length:
+    if padded_inside and x.ndim == 3 and x.shape[0] != batch and x.shape[1] == batch and x.shape[0] >= length:
         x = x.transpose(0, 1)  # [positions, batch, in] (Longformer's attention projections)
-    if x.ndim == 3 and x.shape[0] == batch and x.shape[1] > length:
-        # the model padded the batch inside, at the end, to a multiple of its attention window
-        # (Longformer): the positions past the batch's are padding
+    if padded_inside and x.ndim == 3 and x.shape[0] == batch and x.shape[1] > length:
+        # the model padded the batch inside, at the end (``pads_inside``): the positions past the
+        # batch's are padding
         return x[:, :length][mask].float(), 1
     if x.ndim == 3 and x.shape[0] == mask.shape[0]:
         raise ModelError(f"{name} sees {x.shape[1]} of the batch's {mask.shape[1]} positions at a time "
@@ -127,10 +137,11 @@ def gather_stats(model: torch.nn.Module, batches: Sequence[dict], linears: dict[
     needs = set(needs)
     stats = {n: LayerStats() for n in linears}
     token_mask: dict[str, torch.Tensor | None] = {"mask": None}
+    padded_inside = pads_inside(model)
 
     def hook_for(name: str):
         def hook(module, args):
-            x, weight = _token_rows(args[0].detach(), token_mask["mask"], name)
+            x, weight = _token_rows(args[0].detach(), token_mask["mask"], name, padded_inside)
             st = stats[name]
             if "input_gram" in needs:
                 g = weight * (x.T @ x).double()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from compress.core.config import check_choice, check_range, option, to_dict
-from compress.core.errors import ModelError, ParityError, UsageError
+from compress.core.errors import ModelError, UsageError
 from compress.export.inputs import DEFAULT_SHAPES, parse_shapes
 from compress.export.loading import LoadedModel, load_torch_model
 from compress.export.onnx import check_parity, export_onnx
@@ -226,19 +226,23 @@ def _optimized(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, shapes, provi
     fused: dict[str, int] = {}
     final = fp32
     if model_type is not None:
-        heads, hidden = attention_shape(loaded)
+        trial = fusion_on_trial(loaded)
+        # a discovered type: the optimizer reads each layer's head count from the graph
+        heads, hidden = (0, 0) if trial else attention_shape(loaded)
         final = fp32.parent / "optimized.onnx"
-        fused = optimize_onnx(fp32, final, heads, hidden, model_type=model_type)
         try:
+            fused = optimize_onnx(fp32, final, heads, hidden, model_type=model_type)
             report["parity_optimized"] = check_parity(loaded, final, shapes, cfg.atol, provider,
                                                       "optimized fp32")
-        except ParityError as err:
-            if not fusion_on_trial(loaded):
+        except Exception as err:  # noqa: BLE001 - a trial fusion that fails in any way is dropped
+            if not trial:
                 raise
-            # a discovered type's trial fusion that changed its outputs: the graph as exported
-            why = f"onnxruntime's 'bert' fusions were tried and dropped: {str(err).splitlines()[0][:200]}"
+            # a discovered type's trial fusion that failed or changed its outputs: the graph as exported
+            line = next(iter(str(err).splitlines()), "") or type(err).__name__
+            why = f"onnxruntime's 'bert' fusions were tried and dropped: {line[:200]}"
             final, fused, model_type = fp32, {}, None
             report["optimizer_model_type"] = None
+            report.pop("parity_optimized", None)
     report["fused_ops"] = fused
     report["fusion"] = fusion_summary(model_type, why, fused, attention_executions(loaded))
     return final

@@ -406,10 +406,14 @@ def test_token_rows_drop_padding_the_model_adds_inside_and_read_transposed_input
 
     x = torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(2, 8, 3)  # padded inside from 5 to 8
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
-    rows, weight = _token_rows(x, mask, "m")
+    rows, weight = _token_rows(x, mask, "m", padded_inside=True)
     expected = torch.cat([x[0, :5], x[1, :3]])
     assert weight == 1 and torch.equal(rows, expected)
-    rows, weight = _token_rows(x.transpose(0, 1), mask, "m")  # [positions, batch, in] (Longformer)
+    rows, weight = _token_rows(x.transpose(0, 1), mask, "m", True)  # [positions, batch, in] (Longformer)
     assert weight == 1 and torch.equal(rows, expected)
     with pytest.raises(ModelError, match="sees 4 of the batch's 5 positions"):
-        _token_rows(x[:, :4], mask, "m")  # fewer positions than the batch: chunked, refused
+        _token_rows(x[:, :4], mask, "m", True)  # fewer positions than the batch: chunked, refused
+    # a model that does not pad inside (pads_inside False): more positions than the batch's are
+    # not taken for padding, whatever the batch size
+    with pytest.raises(ModelError, match="sees 8 of the batch's 5 positions"):
+        _token_rows(x[:1], mask[:1], "m", padded_inside=False)
