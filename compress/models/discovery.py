@@ -200,6 +200,20 @@ def _qkv_group(linears: dict, calls: dict, called: list[str], hidden: int, width
     return next((g for g in groups if len(g) == 3), None) or next((g[:3] for g in groups if len(g) > 3), None)
 
 
+def _gqa_group(linears: dict, calls: dict, called: list[str], hidden: int, width: int, kv_width: int
+               ) -> list[str] | None:
+    """Grouped-query attention: one Linear ``hidden -> width`` (the query) and two ``hidden ->
+    kv_width`` (key and value) reading one input, in call order; None when there are none."""
+    cands = [s for s in called
+             if linears[s].in_features == hidden and linears[s].out_features in (width, kv_width)]
+    for group in _same_input(calls, cands):
+        wide = [s for s in group if linears[s].out_features == width]
+        narrow = [s for s in group if linears[s].out_features == kv_width]
+        if len(wide) == 1 and len(narrow) == 2:
+            return sorted(wide + narrow, key=lambda s: calls[s]["order"])
+    return None
+
+
 def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, width: int,
                      head_dim: int) -> dict:
     called = [s for s in linears if s in calls]
@@ -213,6 +227,9 @@ def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, 
                              f"was found; {HINT}")
         return {"qkv": fused[0], "attn_out": min(out, key=lambda s: calls[s]["order"])}
     group = _qkv_group(linears, calls, called, hidden, width)
+    kv_heads = getattr(model.config, "num_key_value_heads", None)
+    if group is None and isinstance(kv_heads, int) and 0 < kv_heads < width // head_dim:
+        group = _gqa_group(linears, calls, called, hidden, width, kv_heads * head_dim)
     if group is None:  # an attention narrower than the config's heads (ConvBERT's head_ratio)
         narrower = sorted({linears[s].out_features for s in called if linears[s].in_features == hidden
                            and linears[s].out_features < width and linears[s].out_features % head_dim == 0},
@@ -222,7 +239,7 @@ def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, 
         raise ModelError(f"no query, key and value projections ({hidden} -> {width}, reading the same "
                          f"input) were found in the first layer; {HINT}")
     last = max(calls[s]["order"] for s in group)
-    qkv_width = linears[group[0]].out_features
+    qkv_width = max(linears[s].out_features for s in group)
     # the output projection reads the heads' context (ConvBERT: followed by its convolution's output)
     outs = sorted((s for s in called if s not in group and linears[s].in_features >= qkv_width
                    and linears[s].in_features % head_dim == 0
@@ -242,7 +259,11 @@ def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, 
     if len(value) != 1:
         raise ModelError(f"the value projection among {', '.join(group)} could not be told apart "
                          f"(zeroing {len(value)} of them zeroed the attention output's input); {HINT}")
-    query, key = _by_hint([s for s in group if s != value[0]], (r"^q|query", r"^k|key"))
+    rest = [s for s in group if s != value[0]]
+    if linears[rest[0]].out_features != linears[rest[1]].out_features:  # grouped-query attention
+        query, key = sorted(rest, key=lambda s: -linears[s].out_features)
+    else:
+        query, key = _by_hint(rest, (r"^q|query", r"^k|key"))
     return {"query": query, "key": key, "value": value[0], "attn_out": attn_out}
 
 

@@ -244,6 +244,12 @@ def check_removable(model: nn.Module) -> EncoderLayout:
     layout = _structured_layout(model)
     _pruned_class(model)
     if layout.discovered and not getattr(model, PROBED_ATTR, False):
+        first = encoder_layers(model, layout)[0].linears
+        if "key" in first and first["key"].out_features != first["query"].out_features:
+            raise UsageError(f"structured pruning cannot remove heads of {model.config.model_type}: its "
+                             f"{first['query'].out_features} query rows share {first['key'].out_features} "
+                             "key/value rows (grouped-query attention), and removing whole groups is not "
+                             "built; unstructured pruning (sparsegpt, wanda, magnitude) works on it")
         probe_removal(model)
         object.__setattr__(model, PROBED_ATTR, True)  # once per model: a pipeline calls this again
     return layout

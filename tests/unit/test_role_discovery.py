@@ -350,3 +350,21 @@ def test_a_saved_pruned_type_outside_the_table_is_registered_from_its_folder(tmp
     assert "roformer" in modeling_pruned.PRUNED_CLASSES
     config = transformers.AutoConfig.for_model("compress_roformer")
     assert type(config).__name__ == "CompressRoFormerConfig"
+
+
+def test_grouped_query_attention_prunes_one_shot_and_is_refused_structured(monkeypatch):
+    """EuroBERT with 4 query heads sharing 2 key/value heads: the narrower key and value are found by
+    reading one input with the query; removing heads is refused in one line before any work."""
+    from compress.pruning.structured import check_removable
+
+    monkeypatch.setitem(TINY, "num_key_value_heads", 2)
+    model = tiny_model("eurobert")
+    layout = layout_for(model)
+    assert layout.discovered and layout.roles["query"].endswith("q_proj")
+    assert (layout.roles["key"], layout.roles["value"]) == ("self_attn.k_proj", "self_attn.v_proj")
+    masks = prune_model(model, 0.5, criterion="sparsegpt", calibration=[batch(1), batch(2)])
+    layer0 = {k for k in masks if ".0." in k}
+    assert len(layer0) == 7 and all(abs(masks[k].float().mean().item() - 0.5) < 0.02 for k in layer0)
+    with pytest.raises(CompressError, match="grouped-query attention") as err:
+        check_removable(tiny_model("eurobert"))
+    assert "\n" not in str(err.value)
