@@ -35,3 +35,8 @@ class CorruptFileError(CompressError):
 
 class TrainingDivergedError(CompressError):
     """The training loss became NaN or infinite: the run stops and saves no model."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message for a one-line report, its class name when it has none."""
+    return next(iter(str(err).strip().splitlines()), "") or type(err).__name__

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compress.core.errors import ModelError
+from compress.core.errors import ModelError, first_line
 
 HEADS_CONFIG = ("num_attention_heads", "n_heads", "num_heads", "encoder_attention_heads")
 FFN_CONFIG = ("intermediate_size", "hidden_dim", "ffn_dim", "encoder_ffn_dim", "d_ff")
@@ -98,7 +98,7 @@ def _run(model: nn.Module, linears: dict[str, nn.Linear], zero: str | None = Non
             model(**dummy_inputs(model))
     except Exception as err:  # noqa: BLE001 - any failure means the model cannot be read this way
         raise ModelError(f"a forward pass on a dummy batch failed ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:120]}); {HINT}") from err
+                         f"{first_line(err)[:120]}); {HINT}") from err
     finally:
         for h in hooks:
             h.remove()

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from compress.core.config import check_sparsity
-from compress.core.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError, first_line
 from compress.models.architectures import (
     HEAD_ROW_ROLES,
     SUPPORTED,
@@ -262,10 +262,6 @@ PROBE_TOLERANCE = 1e-4  # of the output's largest magnitude, in float32
 PROBE_TOLERANCE_HALF = 2e-2  # fp16 / bf16 weights: the removed and the zeroed sums round differently
 
 
-def _first_line(err: BaseException) -> str:
-    return next(iter(str(err).splitlines()), "") or "no message"
-
-
 def _first_output(model: nn.Module, inputs: dict) -> torch.Tensor:
     out = model(**inputs)
     if isinstance(out, torch.Tensor):
@@ -338,7 +334,7 @@ def probe_removal(model: nn.Module) -> float:
                 diff = max(diff, (_first_output(reloaded, inputs) - expected).abs().max().item() / scale)
     except Exception as err:  # noqa: BLE001 - any failure of the architecture's own code refuses it
         raise UsageError(f"structured pruning cannot remove heads or FFN neurons of {model_type}: "
-                         f"{step} on a copy failed ({type(err).__name__}: {_first_line(err)[:100]}); "
+                         f"{step} on a copy failed ({type(err).__name__}: {first_line(err)[:100]}); "
                          "unstructured pruning (sparsegpt, wanda, magnitude) works on it") from None
     if diff > tolerance:
         raise UsageError(f"structured pruning cannot remove heads or FFN neurons of {model_type}: after "

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from compress.core.config import check_choice, check_range, option, to_dict
-from compress.core.errors import ModelError, UsageError
+from compress.core.errors import ModelError, UsageError, first_line
 from compress.export.inputs import DEFAULT_SHAPES, parse_shapes
 from compress.export.loading import LoadedModel, load_torch_model
 from compress.export.onnx import check_parity, export_onnx
@@ -238,8 +238,7 @@ def _optimized(cfg: ExportConfig, loaded: LoadedModel, fp32: Path, shapes, provi
             if not trial:
                 raise
             # a discovered type's trial fusion that failed or changed its outputs: the graph as exported
-            line = next(iter(str(err).splitlines()), "") or type(err).__name__
-            why = f"onnxruntime's 'bert' fusions were tried and dropped: {line[:200]}"
+            why = f"onnxruntime's 'bert' fusions were tried and dropped: {first_line(err)[:200]}"
             final, fused, model_type = fp32, {}, None
             report["optimizer_model_type"] = None
             report.pop("parity_optimized", None)
