@@ -40,11 +40,12 @@ def _stats(values: list[float]) -> dict:
     return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
 
 
-def _head_zeros(w: torch.Tensor, kind: str, head_dim: int) -> tuple[list[int], int]:
+def _head_zeros(w: torch.Tensor, kind: str, head_dim: int,
+                qkv_order: str = "blocks") -> tuple[list[int], int]:
     """Zeros of each head's slices of ``w`` (a ``kind`` matrix), and the size of one head's slices."""
     zero = w == 0
     per_head, size = [], 0
-    for slices in head_slices(kind, tuple(w.shape), head_dim):
+    for slices in head_slices(kind, tuple(w.shape), head_dim, qkv_order):
         parts = [zero[a:b] if dim == 0 else zero[:, a:b] for dim, a, b in slices]
         per_head.append(int(sum(int(p.sum()) for p in parts)))
         size = sum(p.numel() for p in parts)
@@ -113,7 +114,7 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
             lz[1] += numel
         if kind in HEAD_KINDS and head_dim and w.ndim == 2:
             head_zero.setdefault(layer, {})[kind], head_size.setdefault(layer, {})[kind] = \
-                _head_zeros(w, kind, head_dim)
+                _head_zeros(w, kind, head_dim, layout.extra.get("qkv_order", "blocks"))
 
     heads = {}
     all_heads: list[float] = []

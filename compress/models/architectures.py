@@ -169,7 +169,8 @@ def _discovered_layout(model: torch.nn.Module, model_type: str) -> tuple[Encoder
         "layers": found.layers, "roles": found.roles, "attention": found.attention,
         "head_attrs": found.head_attrs, "word_embeddings": found.word_embeddings, "glu": found.glu,
         "heads_config": found.heads_config, "ffn_config": found.ffn_config,
-        "unassigned": list(found.unassigned), "head_dim": found.head_dim}), ""
+        "unassigned": list(found.unassigned), "head_dim": found.head_dim,
+        "head_extras": dict(found.head_extras), "qkv_order": found.qkv_order}), ""
 
 
 def layout_from_dict(model_type: str, found: dict) -> EncoderLayout:
@@ -182,7 +183,9 @@ def layout_from_dict(model_type: str, found: dict) -> EncoderLayout:
                          ffn_config=found["ffn_config"],
                          notes="roles found from the model's structure and a forward pass"
                          + (f"; left dense: {', '.join(unassigned)}" if unassigned else ""),
-                         extra={"unassigned": unassigned, "head_dim": found.get("head_dim") or None},
+                         extra={"unassigned": unassigned, "head_dim": found.get("head_dim") or None,
+                                "head_extras": dict(found.get("head_extras") or {}),
+                                "qkv_order": found.get("qkv_order") or "blocks"},
                          discovered=True)
 
 
@@ -191,7 +194,9 @@ def layout_to_dict(layout: EncoderLayout) -> dict:
     return {"layers": layout.layers, "roles": dict(layout.roles), "attention": layout.attention,
             "head_attrs": dict(layout.head_attrs), "word_embeddings": layout.word_embeddings,
             "glu": layout.glu, "heads_config": layout.heads_config, "ffn_config": layout.ffn_config,
-            "unassigned": list(layout.extra.get("unassigned", ())), "head_dim": layout.extra.get("head_dim")}
+            "unassigned": list(layout.extra.get("unassigned", ())), "head_dim": layout.extra.get("head_dim"),
+            "head_extras": dict(layout.extra.get("head_extras", {})),
+            "qkv_order": layout.extra.get("qkv_order", "blocks")}
 
 
 def canonical_name(model: torch.nn.Module, name: str) -> str:
@@ -277,11 +282,16 @@ def head_layout(model: torch.nn.Module) -> tuple[int, int]:
     return heads, head_dim
 
 
-def head_slices(role: str, weight_shape: tuple[int, ...], head_dim: int) -> list[list[tuple[int, int, int]]]:
+def head_slices(role: str, weight_shape: tuple[int, ...], head_dim: int, qkv_order: str = "blocks"
+                ) -> list[list[tuple[int, int, int]]]:
     """For each head, the (dim, start:stop) row/column ranges it owns in a ``role`` matrix.
 
     Returned as ``[[(dim, start, stop), ...] per head]`` packed in tuples (dim 0 = rows).
+    ``qkv_order``: a fused QKV's rows in q | k | v blocks ("blocks") or per head ("heads").
     """
+    if role == "qkv" and qkv_order == "heads":
+        span = 3 * head_dim
+        return [[(0, h * span, (h + 1) * span)] for h in range(weight_shape[0] // span)]
     if role == "qkv":
         width = weight_shape[0] // 3
         heads = width // head_dim

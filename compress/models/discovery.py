@@ -22,7 +22,8 @@ it runs on the loaded model, before any data is read.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -48,6 +49,11 @@ class Discovered:
     glu: bool
     unassigned: tuple[str, ...] = ()
     head_dim: int = 0
+    # parts of the attention sized by its heads besides the roles: layer path -> "rows" | "vector" |
+    # "channels" (see compress.models.modeling_pruned.PrunedLayout.head_extras)
+    head_extras: dict = field(default_factory=dict)
+    # a fused QKV's row order: "blocks" (q | k | v, each grouped by head) or "heads" (per head q k v)
+    qkv_order: str = "blocks"
 
 
 def _config_value(config, names: tuple[str, ...], what: str) -> tuple[str, int]:
@@ -83,8 +89,26 @@ def dummy_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+@contextmanager
+def left_as_is(model: nn.Module):
+    """Give every module of ``model`` its children and plain (str, int, float, bool) attributes
+    back on exit: a model that switches its own mode on a short input (BigBird falls back to full
+    attention for good) is left as it was by the probing forward passes run inside."""
+    plain = (str, int, float, bool)
+    state = [(m, dict(m._modules), {k: v for k, v in vars(m).items() if isinstance(v, plain)})
+             for m in model.modules()]
+    try:
+        yield model
+    finally:
+        for module, children, attrs in state:
+            module._modules.update(children)
+            for key, value in attrs.items():
+                setattr(module, key, value)
+
+
 def _run(model: nn.Module, linears: dict[str, nn.Linear], zero: str | None = None) -> dict:
-    """One forward pass; per Linear of the layer its first call: order, input tensor, output."""
+    """One forward pass; per Linear of the layer its first call: order, input tensor, output (the
+    model left as it was, ``left_as_is``)."""
     seen: dict[str, dict] = {}
     hooks = []
     for sub, lin in linears.items():
@@ -94,7 +118,7 @@ def _run(model: nn.Module, linears: dict[str, nn.Linear], zero: str | None = Non
             return torch.zeros_like(output) if sub == zero else None
         hooks.append(lin.register_forward_hook(hook))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), left_as_is(model):
             model(**dummy_inputs(model))
     except Exception as err:  # noqa: BLE001 - any failure means the model cannot be read this way
         raise ModelError(f"a forward pass on a dummy batch failed ({type(err).__name__}: "
@@ -168,12 +192,71 @@ def discover(model: nn.Module) -> Discovered:
     attention = _common_parent([p for r, p in roles.items() if r in ("query", "key", "value", "qkv")])
     attn_module = stack[0].get_submodule(attention) if attention else stack[0]
     head_attrs = _head_attrs(attn_module, heads, width)
+    qkv = roles.get("query") or roles["qkv"]
+    qkv_width = linears[qkv].out_features // (1 if "query" in roles else 3)
+    extras = _head_extras(attn_module, attention, [u for u in unassigned], linears, hidden, qkv_width,
+                          qkv_width // head_dim)
     embeddings = base.get_input_embeddings()
     emb_path = next((p for p, m in base.named_modules() if m is embeddings), None)
     if emb_path is None:
         raise ModelError(f"the word embeddings were not found in the base model; {HINT}")
     return Discovered(rf"{re.escape(stack_path)}\.(\d+)", roles, attention, head_attrs, emb_path,
-                      heads_config, ffn_config, glu, unassigned, head_dim)
+                      heads_config, ffn_config, glu, unassigned, head_dim, extras,
+                      _qkv_order(model, linears, roles, head_dim, calls) if "qkv" in roles else "blocks")
+
+
+def _shifted(model: nn.Module, lin: nn.Linear, rows: slice, reader: tuple[str, nn.Linear]) -> torch.Tensor:
+    """The input of ``reader`` (path, Linear) in a forward pass where ``lin``'s output rows ``rows``
+    are raised by one."""
+    def shift(module, args, output):
+        output = output.clone()
+        output[..., rows] += 1.0
+        return output
+    hook = lin.register_forward_hook(shift)
+    try:
+        return _run(model, {reader[0]: reader[1]})[reader[0]]["input"]
+    finally:
+        hook.remove()
+
+
+def _qkv_order(model: nn.Module, linears: dict, roles: dict, head_dim: int, calls: dict) -> str:
+    """How a fused QKV projection orders its rows, read from forward passes: raising the first
+    head's value rows changes that head's columns of the attention output's input and no other.
+    Rows ``2 * width ...`` are its value in q | k | v blocks (ModernBERT), rows ``2 * head_dim ...``
+    where each head's q, k and v follow each other (DeBERTa v1's ``in_proj``). "blocks" when
+    neither shows."""
+    qkv, out = linears[roles["qkv"]], (roles["attn_out"], linears[roles["attn_out"]])
+    width = qkv.out_features // 3
+    base = calls[roles["attn_out"]]["input"]
+    for order, start in (("blocks", 2 * width), ("heads", 2 * head_dim)):
+        changed = (_shifted(model, qkv, slice(start, start + head_dim), out) - base).abs() > 1e-6
+        columns = changed.reshape(-1, changed.shape[-1]).any(0)
+        if columns[:head_dim].all() and not columns[head_dim:width].any():
+            return order
+    return "blocks"
+
+
+def _head_extras(attention: nn.Module, attention_path: str, unassigned: list[str], linears: dict,
+                 hidden: int, width: int, heads: int) -> dict[str, str]:
+    """Parts of the attention module, besides the roles, whose size follows its heads: Linears
+    ``hidden -> width`` left out of the roles (Longformer's global-attention projections, DeBERTa's
+    position projections) as "rows", its own 1-D parameters of ``width`` entries (DeBERTa's query
+    and value biases) as "vector", and convolutions with one group per head (Nystromformer's) as
+    "channels". Paths are relative to the layer; removal keeps each head's part of them."""
+    prefix = f"{attention_path}." if attention_path else ""
+    out = {}
+    for sub in unassigned:
+        lin = linears[sub]
+        if sub.startswith(prefix) and lin.in_features == hidden and lin.out_features == width:
+            out[sub] = "rows"
+    for name, param in attention.named_parameters(recurse=False):
+        if param.ndim == 1 and param.numel() == width:
+            out[prefix + name] = "vector"
+    for name, module in attention.named_modules():
+        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and \
+                module.groups == module.in_channels == module.out_channels == heads:
+            out[prefix + name] = "channels"
+    return out
 
 
 def _head_attrs(attention: nn.Module, heads: int, width: int) -> dict[str, str]:
@@ -225,7 +308,13 @@ def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, 
         if not out:
             raise ModelError(f"a fused QKV projection ({fused[0]}) but no attention output projection "
                              f"was found; {HINT}")
-        return {"qkv": fused[0], "attn_out": min(out, key=lambda s: calls[s]["order"])}
+        # the output projection reads the heads' context, which follows the QKV output (DeBERTa's
+        # position projection, as wide and called in between, reads the position embeddings)
+        rows = slice(0, linears[fused[0]].out_features)
+        fused_qkv = linears[fused[0]]
+        context = [s for s in out
+                   if not torch.equal(_shifted(model, fused_qkv, rows, (s, linears[s])), calls[s]["input"])]
+        return {"qkv": fused[0], "attn_out": min(context or out, key=lambda s: calls[s]["order"])}
     group = _qkv_group(linears, calls, called, hidden, width)
     kv_heads = getattr(model.config, "num_key_value_heads", None)
     if group is None and isinstance(kv_heads, int) and 0 < kv_heads < width // head_dim:
@@ -248,7 +337,11 @@ def _attention_roles(model: nn.Module, linears: dict, calls: dict, hidden: int, 
     if not outs:
         raise ModelError(f"no attention output projection ({width} -> {hidden}) was found after the "
                          f"query/key/value projections; {HINT}")
-    attn_out = outs[0]
+    # the output projection reads the heads' context, which follows the query, key and value (a
+    # projection as wide called in between, such as Longformer's global query, reads the layer input)
+    attn_out = next((o for o in outs if any(
+        not torch.equal(_shifted(model, linears[g], slice(None), (o, linears[o])), calls[o]["input"])
+        for g in group)), outs[0])
     value = []
     for sub in group:
         zeroed = _run(model, linears, zero=sub)
