@@ -58,7 +58,7 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
     batches = check.check_calibration(calibration, model)  # labels, where given, are kept
     if len({"labels" in b for b in batches}) > 1:
         raise UsageError("either every calibration batch carries 'labels' or none does")
-    check_removable(model)
+    check_removable(model, targets)
     if flops_reduction is not None:
         from compress.pruning.fisher_structured import fisher_prune_structured
 

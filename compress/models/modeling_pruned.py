@@ -61,6 +61,10 @@ class PrunedLayout:
     empty_attention: str | None = None
     empty_ffn: tuple[str, str] | None = None
     head_dim: int | None = None  # None: attention_head_size, else hidden size / head count
+    # parts of the attention module sized by its heads besides the role Linears (found by discovery):
+    # path inside the layer -> "rows" (a Linear whose output rows are grouped by head), "vector" (a
+    # parameter of heads * head_dim entries) or "channels" (a convolution with one group per head)
+    head_extras: dict | None = None
 
 
 _BERT = PrunedLayout(
@@ -112,7 +116,7 @@ def layout_of(config) -> PrunedLayout:
                          "pruned_layout")
     return PrunedLayout(stored["layers"], dict(stored["roles"]), stored["attention"],
                         dict(stored["head_attrs"]), stored["heads_config"], bool(stored.get("glu")),
-                        head_dim=stored.get("head_dim"))
+                        head_dim=stored.get("head_dim"), head_extras=dict(stored.get("head_extras") or {}))
 
 
 def head_dim_of(config) -> int:
@@ -150,6 +154,51 @@ def set_head_attrs(attention: nn.Module, layout: PrunedLayout, heads: int, head_
     """Tell the attention module its head count / width (``layout.head_attrs``)."""
     for attr, kind in layout.head_attrs.items():
         setattr(attention, attr, heads if kind == "heads" else heads * head_dim)
+
+
+def resize_head_extra(layer: nn.Module, path: str, kind: str, heads: int, head_dim: int) -> None:
+    """Rebuild the head-sized part ``path`` of ``layer`` (see ``PrunedLayout.head_extras``) for
+    ``heads`` heads (new, uninitialised values: ``from_pretrained`` loads them)."""
+    parent_path, _, attr = path.rpartition(".")
+    parent = layer.get_submodule(parent_path) if parent_path else layer
+    old = getattr(parent, attr)
+    if kind == "rows":
+        _rebuild_linear(layer, path, old.in_features, heads * head_dim)
+    elif kind == "vector":
+        setattr(parent, attr, nn.Parameter(old.new_empty(heads * head_dim), requires_grad=old.requires_grad))
+    elif kind == "channels":
+        conv = type(old)(heads, heads, old.kernel_size, stride=old.stride, padding=old.padding,
+                         dilation=old.dilation, groups=heads, bias=old.bias is not None,
+                         padding_mode=old.padding_mode, device=old.weight.device, dtype=old.weight.dtype)
+        setattr(parent, attr, conv)
+    else:
+        raise ValueError(f"unknown head-sized part kind '{kind}' of {path}")
+
+
+def _hold_heads(layer, args, kwargs):
+    """Forward pre-hook of a layer: its attention module keeps the pruned head count even where the
+    model replaces that module at run time (BigBird builds a new one from the config whenever it
+    switches between full and block-sparse attention, moving only the projections across)."""
+    path, heads, head_dim, attrs, kept, total = layer.compress_heads
+    attention = layer.get_submodule(path)
+    if getattr(attention, "compress_held", None) is not layer.compress_heads:
+        for attr, kind in attrs:
+            setattr(attention, attr, heads if kind == "heads" else heads * head_dim)
+        if kept is not None:
+            keep_head_inputs(attention, kept, total)
+        attention.compress_held = layer.compress_heads
+
+
+def hold_heads(layer: nn.Module, layout: PrunedLayout, heads: int, head_dim: int, kept=None,
+               total: int = 0) -> None:
+    """Set the head attributes of ``layer``'s attention module now and before every forward of the
+    layer (``_hold_heads``); ``kept``/``total``: as in ``keep_head_inputs``; idempotent."""
+    attrs = tuple(sorted(layout.head_attrs.items()))
+    kept = None if kept is None or len(kept) >= total else tuple(int(h) for h in kept)
+    layer.compress_heads = (layout.attention, int(heads), int(head_dim), attrs, kept, int(total))
+    if _hold_heads not in layer._forward_pre_hooks.values():
+        layer.register_forward_pre_hook(_hold_heads, with_kwargs=True)
+    _hold_heads(layer, (), {})
 
 
 def _slice_head_inputs(module, args, kwargs):
@@ -250,10 +299,13 @@ def resize_pruned_layers(base_model: nn.Module, config) -> None:
                     rows = 3 * width if role == "qkv" else width
                     _rebuild_linear(layer, roles[role], modules[roles[role]].in_features, rows)
             _rebuild_linear(layer, roles["attn_out"], width, modules[roles["attn_out"]].out_features)
+            for path, kind in (layout.head_extras or {}).items():
+                resize_head_extra(layer, path, kind, heads, head_dim)
             set_head_attrs(modules[layout.attention], layout, heads, head_dim)
-        kept = getattr(config, "layer_kept_heads", None)
-        if kept is not None and len(kept[i]) < getattr(config, layout.heads_config):
-            keep_head_inputs(modules[layout.attention], kept[i], getattr(config, layout.heads_config))
+            if base_model_type(config.model_type) not in MODULE_PATHS:  # a discovered type
+                kept = getattr(config, "layer_kept_heads", None)
+                hold_heads(layer, layout, heads, head_dim, None if kept is None else kept[i],
+                           getattr(config, layout.heads_config))
         if config.layer_intermediate is not None:
             neurons = config.layer_intermediate[i]
             ffn_in = modules[roles["ffn_in"]]
@@ -416,5 +468,5 @@ def register_auto_classes(model_types=()) -> None:
 
 
 __all__ = ["MODULE_PATHS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "can_empty_blocks", "empty_blocks",
-           "layout_of", "pruned_class_of", "pruned_classes_for", "register_auto_classes",
-           "resize_pruned_layers", "write_remote_code"]
+           "hold_heads", "layout_of", "resize_head_extra", "pruned_class_of", "pruned_classes_for",
+           "register_auto_classes", "resize_pruned_layers", "write_remote_code"]

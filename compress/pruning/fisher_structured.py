@@ -161,7 +161,7 @@ def fisher_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.
     if seq_len < 1:
         raise UsageError(f"seq_len must be a positive number of tokens, got {seq_len}")
     targets = check_targets(targets)
-    layout = check_removable(model)  # a type whose layers cannot shrink is refused before any work
+    layout = check_removable(model, targets)  # a type whose layers cannot shrink is refused before any work
     batches = list(batches)
     lap = PhaseClock()
     if fisher is None:

@@ -93,7 +93,7 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
     returns the report (the plan, what was removed, FLOPs before and after, seconds per phase).
     ``max_swaps``, ``scale_bound``: as in ``fisher_prune_structured``."""
     targets = check_targets(targets)
-    layout = check_removable(model)  # a type whose layers cannot shrink is refused before any work
+    layout = check_removable(model, targets)  # a type whose layers cannot shrink is refused before any work
     batches = list(batches)
     lap = PhaseClock()
     if fisher is None:

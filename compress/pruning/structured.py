@@ -66,7 +66,7 @@ from compress.models.modeling_pruned import (
     base_model_type,
     can_empty_blocks,
     empty_blocks,
-    keep_head_inputs,
+    hold_heads,
     pruned_class_of,
     register_auto_classes,
     set_head_attrs,
@@ -85,10 +85,11 @@ CompressBertModel = PRUNED_CLASSES["bert"]["AutoModel"]
 CompressBertForSequenceClassification = PRUNED_CLASSES["bert"]["AutoModelForSequenceClassification"]
 
 
-def _head_index(layer: EncoderLayer, role: str, heads: list[int], head_dim: int) -> dict[int, torch.Tensor]:
+def _head_index(layer: EncoderLayer, role: str, heads: list[int], head_dim: int, qkv_order: str = "blocks"
+                ) -> dict[int, torch.Tensor]:
     """dim -> sorted row/column indices that ``heads`` own in ``role`` (sorted keeps q|k|v order)."""
     w = layer.linears[role].weight
-    spans = head_slices(role, tuple(w.shape), head_dim)
+    spans = head_slices(role, tuple(w.shape), head_dim, qkv_order)
     out: dict[int, list[int]] = {dim: [] for dim, _, _ in spans[0]}  # no head kept: empty indices
     for h in heads:
         for dim, start, stop in spans[h]:
@@ -112,14 +113,14 @@ def head_count(layer: EncoderLayer, head_dim: int) -> int:
 
 
 @torch.no_grad()
-def head_scores(layer: EncoderLayer, head_dim: int) -> torch.Tensor:
+def head_scores(layer: EncoderLayer, head_dim: int, qkv_order: str = "blocks") -> torch.Tensor:
     """``[heads]``: L2 norm of each head's weights over every role matrix it owns a slice of."""
     squares = torch.zeros(head_count(layer, head_dim), dtype=torch.float64)
     for role, lin in layer.linears.items():
         if role not in HEAD_ROW_ROLES and role != "attn_out":
             continue
         w = lin.weight.detach().double().cpu()
-        for h, spans in enumerate(head_slices(role, tuple(w.shape), head_dim)):
+        for h, spans in enumerate(head_slices(role, tuple(w.shape), head_dim, qkv_order)):
             for dim, start, stop in spans:
                 squares[h] += w.narrow(dim, start, stop - start).pow(2).sum()
     return squares.sqrt()
@@ -181,6 +182,32 @@ def _keep(lin: nn.Linear, dim: int, index: torch.Tensor) -> None:
         lin.in_features = len(index)
 
 
+def _keep_head_extra(layer: nn.Module, path: str, kind: str, heads: list[int], head_dim: int) -> None:
+    """Keep the parts of heads ``heads`` in the head-sized part ``path`` of ``layer`` (a discovered
+    layout's ``head_extras``: a Linear's rows, a vector, a convolution with one group per head)."""
+    parent_path, _, attr = path.rpartition(".")
+    parent = layer.get_submodule(parent_path) if parent_path else layer
+    part = getattr(parent, attr)
+    device = part.weight.device if isinstance(part, nn.Module) else part.device
+    rows = torch.tensor([r for h in heads for r in range(h * head_dim, (h + 1) * head_dim)],
+                        dtype=torch.long, device=device)
+    if kind == "rows":
+        _keep(part, 0, rows)
+    elif kind == "vector":
+        setattr(parent, attr, nn.Parameter(part.detach().index_select(0, rows).clone(),
+                                           requires_grad=part.requires_grad))
+    elif kind == "channels":
+        index = torch.tensor(heads, dtype=torch.long, device=device)
+        part.weight = nn.Parameter(part.weight.detach().index_select(0, index).clone(),
+                                   requires_grad=part.weight.requires_grad)
+        if part.bias is not None:
+            part.bias = nn.Parameter(part.bias.detach().index_select(0, index).clone(),
+                                     requires_grad=part.bias.requires_grad)
+        part.in_channels = part.out_channels = part.groups = len(heads)
+    else:
+        raise ValueError(f"unknown head-sized part kind '{kind}' of {path}")
+
+
 def layer_sizes(model: nn.Module) -> dict[str, list[int]]:
     """Per-layer head counts and FFN widths of a (possibly pruned) encoder, read from its weights."""
     layers = encoder_layers(model)
@@ -219,13 +246,14 @@ def prune_structured(model: nn.Module, sparsity: float,
     """
     targets = tuple(targets)
     _check_args(sparsity, targets)
-    layout = check_removable(model)  # refuse an unsupported class or type before any planning
+    layout = check_removable(model, targets)  # refuse an unsupported class or type before any planning
     layers = encoder_layers(model, layout)
     _, head_dim = head_layout(model)
     before = layer_sizes(model)
 
     # plan everything first: a refusal leaves the model as it was
-    keep_heads = (plan_removal([head_scores(lay, head_dim) for lay in layers], sparsity, "heads")
+    order = layout.extra.get("qkv_order", "blocks")
+    keep_heads = (plan_removal([head_scores(lay, head_dim, order) for lay in layers], sparsity, "heads")
                   if "heads" in targets else [list(range(n)) for n in before["heads"]])
     keep_neurons = (plan_removal([neuron_scores(lay, layout) for lay in layers], sparsity, "FFN neurons")
                     if "ffn" in targets else [list(range(n)) for n in before["ffn"]])
@@ -234,24 +262,42 @@ def prune_structured(model: nn.Module, sparsity: float,
             "importance": IMPORTANCE, **removal}
 
 
-def check_removable(model: nn.Module) -> EncoderLayout:
-    """The layout of ``model`` when its heads and FFN neurons can be removed physically and saved;
-    UsageError/ModelError naming what is missing otherwise (called before any data is read).
+def check_removable(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARGETS) -> EncoderLayout:
+    """The layout of ``model`` when its ``targets`` (heads and/or FFN neurons) can be removed
+    physically and saved; UsageError/ModelError naming what is missing otherwise (called before any
+    data is read).
 
     A type without a module table (roles found by discovery) is tried on a copy first
     (``probe_removal``): the architecture's own forward decides whether its attention accepts
-    fewer heads than its config says."""
+    fewer heads than its config says. Where its heads cannot go but its FFN neurons can, the
+    refusal says so (``--structured ffn``)."""
     layout = _structured_layout(model)
     _pruned_class(model)
-    if layout.discovered and not getattr(model, PROBED_ATTR, False):
-        first = encoder_layers(model, layout)[0].linears
-        if "key" in first and first["key"].out_features != first["query"].out_features:
-            raise UsageError(f"structured pruning cannot remove heads of {model.config.model_type}: its "
-                             f"{first['query'].out_features} query rows share {first['key'].out_features} "
-                             "key/value rows (grouped-query attention), and removing whole groups is not "
-                             "built; unstructured pruning (sparsegpt, wanda, magnitude) works on it")
-        probe_removal(model)
-        object.__setattr__(model, PROBED_ATTR, True)  # once per model: a pipeline calls this again
+    targets = tuple(t for t in STRUCTURED_TARGETS if t in targets)
+    if not layout.discovered or set(targets) <= getattr(model, PROBED_ATTR, frozenset()):
+        return layout
+    model_type = model.config.model_type
+    ffn_only = ("only its FFN neurons can be removed (--structured ffn, or targets=('ffn',)); "
+                "unstructured pruning (sparsegpt, wanda, magnitude) works on it")
+    first = encoder_layers(model, layout)[0].linears
+    if "heads" in targets and "key" in first and first["key"].out_features != first["query"].out_features:
+        raise UsageError(f"structured pruning cannot remove heads of {model_type}: its "
+                         f"{first['query'].out_features} query rows share {first['key'].out_features} "
+                         f"key/value rows (grouped-query attention), and removing whole groups is not "
+                         f"built; {ffn_only}")
+    try:
+        probe_removal(model, targets)
+    except UsageError as err:
+        if targets != STRUCTURED_TARGETS:
+            raise
+        try:
+            probe_removal(model, ("ffn",))
+        except UsageError:
+            raise err from None
+        raise UsageError(str(err).replace("heads or FFN neurons", "heads").replace(
+            "unstructured pruning (sparsegpt, wanda, magnitude) works on it", ffn_only)) from None
+    # once per model and unit kind: a pipeline calls this again
+    object.__setattr__(model, PROBED_ATTR, getattr(model, PROBED_ATTR, frozenset()) | set(targets))
     return layout
 
 
@@ -269,23 +315,25 @@ def _first_output(model: nn.Module, inputs: dict) -> torch.Tensor:
     return out["logits"] if "logits" in out else out[0]
 
 
-def probe_removal(model: nn.Module) -> float:
-    """Remove head 0 and every second FFN neuron of the first layer of a copy of ``model``, then
-    check that the copy computes what ``model`` computes with those units zeroed, before and after a
-    save and reload. Returns the largest difference; UsageError naming the step that failed."""
+def probe_removal(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARGETS) -> float:
+    """Remove head 0 (with "heads" in ``targets``) and every second FFN neuron (with "ffn") of the
+    first layer of a copy of ``model``, then check that the copy computes what ``model`` computes
+    with those units zeroed, before and after a save and reload. Returns the largest difference;
+    UsageError naming the step that failed."""
     import copy
     import tempfile
 
     from transformers.utils import logging as hf_logging
 
-    from compress.models.discovery import dummy_inputs
+    from compress.models.discovery import dummy_inputs, left_as_is
 
     model_type = model.config.model_type
     layout = find_layout(model)
     first = encoder_layers(model, layout)[0]
     _, head_dim = head_layout(model)
     heads, width = head_count(first, head_dim), ffn_size(first)
-    drop_heads, drop_neurons = [0] if heads > 1 else [], list(range(0, width, 2))
+    drop_heads = [0] if heads > 1 and "heads" in targets else []
+    drop_neurons = list(range(0, width, 2)) if "ffn" in targets else []
     inputs = dummy_inputs(model)
     was_training = model.training
     model.eval()
@@ -297,9 +345,9 @@ def probe_removal(model: nn.Module) -> float:
                              dtype=torch.long, device=first.linears["attn_out"].weight.device)
     hooks = [first.linears["attn_out"].register_forward_pre_hook(zero_columns(head_cols)),
              first.linears["ffn_out"].register_forward_pre_hook(
-                 zero_columns(torch.tensor(drop_neurons, device=head_cols.device)))]
+                 zero_columns(torch.tensor(drop_neurons, dtype=torch.long, device=head_cols.device)))]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), left_as_is(model):
             expected = _first_output(model, inputs)
     finally:
         for h in hooks:
@@ -310,6 +358,7 @@ def probe_removal(model: nn.Module) -> float:
     keep_neurons = [list(range(n)) for n in layer_sizes(probe)["ffn"]]
     keep_heads[0] = [h for h in range(heads) if h not in drop_heads]
     keep_neurons[0] = [j for j in range(width) if j not in drop_neurons]
+    units = " or ".join(name for name, t in (("heads", "heads"), ("FFN neurons", "ffn")) if t in targets)
     scale = expected.abs().max().item() + 1e-12
     tolerance = PROBE_TOLERANCE if expected.dtype in (torch.float32, torch.float64) else PROBE_TOLERANCE_HALF
     step = "removing them"
@@ -333,11 +382,11 @@ def probe_removal(model: nn.Module) -> float:
             with torch.no_grad():
                 diff = max(diff, (_first_output(reloaded, inputs) - expected).abs().max().item() / scale)
     except Exception as err:  # noqa: BLE001 - any failure of the architecture's own code refuses it
-        raise UsageError(f"structured pruning cannot remove heads or FFN neurons of {model_type}: "
+        raise UsageError(f"structured pruning cannot remove {units} of {model_type}: "
                          f"{step} on a copy failed ({type(err).__name__}: {first_line(err)[:100]}); "
                          "unstructured pruning (sparsegpt, wanda, magnitude) works on it") from None
     if diff > tolerance:
-        raise UsageError(f"structured pruning cannot remove heads or FFN neurons of {model_type}: after "
+        raise UsageError(f"structured pruning cannot remove {units} of {model_type}: after "
                          f"{step}, a copy differs from the model with those units zeroed by {diff:.1e} of "
                          "its output (its attention keeps sizes the discovery did not find); unstructured "
                          "pruning (sparsegpt, wanda, magnitude) works on it")
@@ -376,10 +425,11 @@ def _check_keep(keep: list[list[int]], sizes: list[int], unit: str, allow_empty:
 
 
 def _keep_head_inputs(model: nn.Module, layout: EncoderLayout, layers: list[EncoderLayer],
-                      keep_heads: list[list[int]]) -> None:
+                      keep_heads: list[list[int]], head_dim: int) -> None:
     """Record in ``config.layer_kept_heads`` which of the unpruned heads each layer keeps (composed
-    with an earlier removal) and let each attention module slice the per-head inputs it is given
-    (``modeling_pruned.keep_head_inputs``): a discovered type may compute them outside the layer."""
+    with an earlier removal); each layer of a discovered type holds its attention module at its
+    head count and lets it slice the per-head inputs it is given, computed outside the layer
+    (``modeling_pruned.hold_heads``)."""
     config = model.config
     total = getattr(config, layout.heads_config)
     before = getattr(config, "layer_kept_heads", None) or [list(range(total)) for _ in layers]
@@ -387,7 +437,7 @@ def _keep_head_inputs(model: nn.Module, layout: EncoderLayout, layers: list[Enco
     config.layer_kept_heads = kept
     for layer, heads in zip(layers, kept):
         if len(heads) < total:
-            keep_head_inputs(layer.module.get_submodule(layout.attention), heads, total)
+            hold_heads(layer.module, layout, len(heads), head_dim, heads, total)
 
 
 def remove_structured(model: nn.Module, keep_heads: list[list[int]],
@@ -414,8 +464,11 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
         if len(heads) < head_count(layer, head_dim):
             for role, lin in layer.linears.items():
                 if role in HEAD_ROW_ROLES or role == "attn_out":
-                    for dim, index in _head_index(layer, role, heads, head_dim).items():
+                    for dim, index in _head_index(layer, role, heads, head_dim,
+                                                  layout.extra.get("qkv_order", "blocks")).items():
                         _keep(lin, dim, index)
+            for path, kind in layout.extra.get("head_extras", {}).items():
+                _keep_head_extra(layer.module, path, kind, heads, head_dim)
             attention = layer.module.get_submodule(layout.attention)
             set_head_attrs(attention, layout, len(heads), head_dim)
         if len(neurons) < ffn_size(layer):
@@ -433,11 +486,15 @@ def remove_structured(model: nn.Module, keep_heads: list[list[int]],
     # a config read from config.json keeps its "model_type" as an instance attribute, which would
     # hide the pruned class's (to_dict writes the class's, but code reading config.model_type would not)
     vars(config).pop("model_type", None)
-    config.layer_heads = after["heads"]
+    # a discovered type whose heads all stay keeps its config's head count (ConvBERT's output
+    # projection reads more than its heads' context, so its weights would miscount them)
+    untouched = (layout.discovered and after["heads"] == before["heads"]
+                 and getattr(config, "layer_heads", None) is None)
+    config.layer_heads = None if untouched else after["heads"]
     config.layer_intermediate = after["ffn"]
     if layout.discovered:  # no module table for this type: the saved config says where its matrices are
         config.pruned_layout = layout_to_dict(layout)
-        _keep_head_inputs(model, layout, layers, keep_heads)
+        _keep_head_inputs(model, layout, layers, keep_heads, head_dim)
         register_auto_classes([model_type])
     model.__class__ = pruned_class
     params_after = sum(p.numel() for p in model.parameters())

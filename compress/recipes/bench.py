@@ -250,6 +250,11 @@ def _onnx_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup
     return info, [BenchTarget(label, runtime, sess, sess.input_names, _onnx_vocab(path), src)]
 
 
+def _structured(config) -> bool:
+    """Whether a model's config says its layers were resized (heads, FFN width or both)."""
+    return any(getattr(config, f, None) is not None for f in ("layer_heads", "layer_intermediate"))
+
+
 def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
                    temps: contextlib.ExitStack, skipped: list[dict[str, str]]
                    ) -> tuple[dict[str, Any], list[BenchTarget]]:
@@ -267,8 +272,8 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     info: dict[str, Any] = {"label": label, "path": path, "kind": loaded.kind, "flops_source": path,
                             "verdict": speed_verdict(
                                 unstructured_sparsity=_encoder_sparsity(model),
-                                structured=getattr(getattr(model, "config", None), "layer_heads", None)
-                                is not None, distilled=loaded.kind == "student",
+                                structured=_structured(getattr(model, "config", None)),
+                                distilled=loaded.kind == "student",
                                 runtime="PyTorch eager " + device, vnni=setup.vnni, avx2=setup.avx2)}
     found = []
     if "torch" in cfg.runtimes:

@@ -111,7 +111,7 @@ def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
     names them), checked against --pattern, and the masks of an already pruned ``--model`` (kept
     pruned, in every matrix); before any run folder exists."""
     if cfg.structured:
-        check_removable(model)
+        check_removable(model, tuple(cfg.structured))
     targets = {} if cfg.structured else select_targets(model, cfg.include, cfg.exclude,
                                                        word_embeddings=False)
     if cfg.pattern is not None:

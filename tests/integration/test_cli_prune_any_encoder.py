@@ -121,8 +121,8 @@ def test_quiet_by_default_and_verbose_shows_the_load_report(tiny_encoder, tmp_pa
     assert verbose.returncode == 0 and "MISSING" in verbose.stdout + verbose.stderr
 
 
-DISCOVERED = {"ernie": ("ErnieConfig", "ErnieModel"), "mpnet": ("MPNetConfig", "MPNetModel"),
-              "nystromformer": ("NystromformerConfig", "NystromformerModel")}
+DISCOVERED = {"ernie": ("ErnieConfig", "ErnieModel", {}), "mpnet": ("MPNetConfig", "MPNetModel", {}),
+              "longformer": ("LongformerConfig", "LongformerModel", {"attention_window": 8})}
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +135,12 @@ def discovered_finetuned(tmp_path_factory):
 
     def make(arch: str):
         if arch not in built:
-            config_class, model_class = (getattr(transformers, n) for n in DISCOVERED[arch])
+            config_name, model_name, extra = DISCOVERED[arch]
+            config_class, model_class = getattr(transformers, config_name), getattr(transformers, model_name)
             root = tmp_path_factory.mktemp(arch)
             folder = _saved(root / arch, model_class(config_class(
                 vocab_size=30527, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=64)))
+                intermediate_size=64, **extra)))
             assert main(["finetune", "--model", str(folder), *FAST, "--out", str(root / "ft")]) == 0
             built[arch] = root / "ft"
         return built[arch]
@@ -215,22 +216,32 @@ def test_a_speedup_target_on_a_discovered_type_is_met_by_its_latency_table(ernie
     saved = latency.LatencyTable.from_dict(json.loads((out / "latency_table.json").read_text()))
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert saved == table and saved.reference == "smallest"
-    assert min(cfg["layer_heads"]) >= 1 and min(cfg["layer_intermediate"]) >= 1  # no block can go
-    assert table.predicted_speedup(cfg["layer_heads"], cfg["layer_intermediate"]) >= 1.5
+    heads = cfg["layer_heads"] or [4, 4]  # none: every layer keeps the config's heads
+    assert min(heads) >= 1 and min(cfg["layer_intermediate"]) >= 1  # no block can go
+    assert table.predicted_speedup(heads, cfg["layer_intermediate"]) >= 1.5
     assert main(["verify", str(out)]) == 0
 
 
-def test_structured_pruning_of_a_discovered_type_it_cannot_resize_is_refused_before_data(
+def test_heads_of_a_discovered_type_it_cannot_resize_are_refused_before_data_and_its_ffn_prunes(
         discovered_finetuned, tmp_path):
-    ft = discovered_finetuned("nystromformer")  # a convolution runs over its heads
+    """Longformer reshapes its attention output by the input's width, so its heads cannot go: asking
+    for heads is refused in one line before any data is read, naming the FFN-only way that works."""
+    ft = discovered_finetuned("longformer")
     out = tmp_path / "runs"
-    r = run_cli("prune", "--stage", "post-training", "--model", str(ft), "--structured", "heads,ffn",
-                "--criterion", "fisher", "--flops-reduction", "0.3", "--batch-size", "8",
-                "--out", str(out / "run"))
+    args = ("prune", "--stage", "post-training", "--model", str(ft), "--criterion", "fisher",
+            "--flops-reduction", "0.2", "--calibration-samples", "16", "--batch-size", "8",
+            "--max-length", "32")
+    r = run_cli(*args, "--structured", "heads,ffn", "--out", str(out / "run"))
     assert r.returncode == 2, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()
-    assert len(last) == 1 and "cannot remove heads or FFN neurons of nystromformer" in last[0], last
+    assert len(last) == 1 and "cannot remove heads of longformer" in last[0], last
+    assert "--structured ffn" in last[0]
     assert not out.exists() or not any(out.iterdir())
+    assert main([*args, "--structured", "ffn", "--out", str(out / "ffn")]) == 0
+    cfg = json.loads((out / "ffn" / "model" / "config.json").read_text())
+    assert cfg["model_type"] == "compress_longformer" and sum(cfg["layer_intermediate"]) < 128
+    assert cfg.get("layer_heads") is None  # every head kept
+    assert main(["verify", str(out / "ffn")]) == 0
 
 
 def test_a_trial_fusion_that_breaks_parity_is_dropped_for_a_discovered_type_only(

@@ -252,14 +252,18 @@ def test_structured_removal_of_a_discovered_type_is_tried_on_a_copy_up_front():
     from compress.pruning.structured import check_removable
 
     assert check_removable(tiny_model("bert")).name == "bert"
-    for model_type, accepted in (("ernie", True), ("mpnet", True), ("nystromformer", False)):
+    for model_type, accepted in (("ernie", True), ("mpnet", True), ("nystromformer", True),
+                                 ("longformer", False)):
         model = tiny_model(model_type)
         before = {n: p.clone() for n, p in model.state_dict().items()}
         if accepted:
             assert check_removable(model).discovered
-        else:  # Nystromformer runs a convolution with one group per head of the config
-            with pytest.raises(CompressError, match="cannot remove heads or FFN neurons of nystromformer"):
+        else:  # Longformer reshapes its attention output by the input's hidden size
+            with pytest.raises(CompressError, match="cannot remove heads of longformer") as err:
                 check_removable(model)
+            assert "only its FFN neurons can be removed (--structured ffn" in str(err.value)
+            assert "\n" not in str(err.value)
+            assert check_removable(model, ("ffn",)).discovered  # its FFN neurons can go
         assert not type(model).__name__.startswith("Compress")  # the probe worked on a copy
         assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
 
@@ -275,13 +279,16 @@ def structured_outcome(model_type: str, tmp_path) -> tuple[str, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = tiny_model(model_type)
+        targets, kind = ("heads", "ffn"), "removed"
         try:
             check_removable(model)
         except CompressError as err:
             assert "\n" not in str(err) and model_type in str(err)
-            return "refused", str(err)
+            if "only its FFN neurons can be removed" not in str(err):
+                return "refused", str(err)
+            targets, kind = ("ffn",), "ffn-only"
         labelled = [dict(batch(i), labels=torch.tensor([0, 1, 0, 1])) for i in (1, 2)]
-        report = fisher_prune_structured(model, labelled, 0.3, 12)
+        report = fisher_prune_structured(model, labelled, 0.3, 12, targets)
         assert report["flops_reduction"] >= 0.3, (model_type, report["flops_reduction"])
         folder = tmp_path / model_type
         model.save_pretrained(folder)
@@ -289,7 +296,7 @@ def structured_outcome(model_type: str, tmp_path) -> tuple[str, str]:
         again = load_pretrained(transformers.AutoModelForSequenceClassification, str(folder)).eval()
         with torch.no_grad():
             assert torch.allclose(again(**batch(3)).logits, model.eval()(**batch(3)).logits, atol=1e-5)
-    return "removed", f"heads {report['layer_heads']} ffn {report['layer_ffn']}"
+    return kind, f"heads {report['layer_heads']} ffn {report['layer_ffn']}"
 
 
 def test_encoder_types_prune_fisher_structured_or_are_refused_in_one_line(outcomes, tmp_path):
@@ -297,14 +304,20 @@ def test_encoder_types_prune_fisher_structured_or_are_refused_in_one_line(outcom
     for model_type, (kind, detail) in results.items():
         print(f"{model_type:24s} {kind:8s} {detail}")
     removed = [t for t, (k, _) in results.items() if k == "removed"]
-    for model_type in ("bert", "roberta", "ernie", "data2vec-text", "nomic_bert", "gte", "mpnet", "eurobert"):
+    for model_type in ("bert", "roberta", "ernie", "data2vec-text", "nomic_bert", "gte", "mpnet", "eurobert",
+                       "big_bird", "deberta", "nystromformer"):
         assert model_type in removed, (model_type, results.get(model_type))
-    assert len(removed) / len(results) >= 0.8, sorted(t for t, (k, _) in results.items() if k == "refused")
+    for model_type in ("longformer", "esmc"):  # their heads cannot go, their FFN neurons can
+        assert results[model_type][0] == "ffn-only", (model_type, results[model_type])
+    assert len(removed) / len(results) >= 0.9, sorted(t for t, (k, _) in results.items() if k != "removed")
+    assert all(k != "refused" for k, _ in results.values()), \
+        sorted(t for t, (k, _) in results.items() if k == "refused")
 
 
 
 
-def test_every_structured_entry_point_refuses_a_type_that_cannot_shrink_before_reading_data():
+def test_every_structured_entry_point_refuses_a_type_that_cannot_shrink_before_reading_data(tmp_path):
+    from compress.models.loading import load_pretrained
     from compress.pruning.fisher_structured import fisher_prune_structured
     from compress.pruning.structured import prune_structured
 
@@ -312,12 +325,19 @@ def test_every_structured_entry_point_refuses_a_type_that_cannot_shrink_before_r
         raise AssertionError("data was read")
         yield  # a generator that fails when iterated
 
-    model = tiny_model("nystromformer")
-    with pytest.raises(CompressError, match="cannot remove heads or FFN neurons of nystromformer"):
+    model = tiny_model("longformer")
+    with pytest.raises(CompressError, match="cannot remove heads of longformer"):
         fisher_prune_structured(model, batches(), 0.3, 12)
-    with pytest.raises(CompressError, match="cannot remove heads or FFN neurons of nystromformer"):
+    with pytest.raises(CompressError, match="cannot remove heads of longformer"):
         prune_structured(model, 0.25)
     assert not type(model).__name__.startswith("Compress")
+    # removing FFN neurons only works, and the folder reloads to the same logits
+    report = prune_structured(model, 0.25, ("ffn",))
+    assert report["ffn_removed"] == 18 and model.config.layer_heads is None  # 25% of 2 x 37, rounded down
+    model.save_pretrained(tmp_path)
+    again = load_pretrained(transformers.AutoModelForSequenceClassification, str(tmp_path)).eval()
+    with torch.no_grad():
+        assert torch.allclose(again(**batch(3)).logits, model.eval()(**batch(3)).logits, atol=1e-5)
 
 
 def test_the_removal_probe_runs_once_per_model(monkeypatch):
@@ -325,7 +345,7 @@ def test_the_removal_probe_runs_once_per_model(monkeypatch):
 
     calls = []
     real = structured.probe_removal
-    monkeypatch.setattr(structured, "probe_removal", lambda m: calls.append(1) or real(m))
+    monkeypatch.setattr(structured, "probe_removal", lambda m, t: calls.append(1) or real(m, t))
     model = tiny_model("ernie")
     structured.check_removable(model)
     structured.prune_structured(model, 0.25)
@@ -368,3 +388,107 @@ def test_grouped_query_attention_prunes_one_shot_and_is_refused_structured(monke
     with pytest.raises(CompressError, match="grouped-query attention") as err:
         check_removable(tiny_model("eurobert"))
     assert "\n" not in str(err.value)
+
+
+def _zeroed_head_logits(model, layer, head, head_dim, inputs):
+    """Logits of ``model`` with ``head`` of encoder layer ``layer`` zeroed at the output projection."""
+    from compress.models.architectures import encoder_layers
+
+    lin = encoder_layers(model)[layer].linears["attn_out"]
+    cols = torch.arange(head * head_dim, (head + 1) * head_dim)
+    hook = lin.register_forward_pre_hook(lambda m, a: (a[0].index_fill(-1, cols, 0.0), *a[1:]))
+    try:
+        with torch.no_grad():
+            return model(**inputs).logits
+    finally:
+        hook.remove()
+
+
+def test_bigbird_keeps_its_pruned_heads_when_it_switches_attention_kernels(tmp_path):
+    """BigBird builds a new attention module from its config whenever it switches between block-sparse
+    and full attention; the pruned layers keep their head counts in both, after a reload too, and
+    the probing forward passes (a short dummy batch) leave the model on block-sparse attention."""
+    from compress.models.loading import load_pretrained
+    from compress.pruning.structured import check_removable, remove_structured
+
+    config = transformers.BigBirdConfig(**{k: v for k, v in TINY.items() if k != "num_key_value_heads"},
+                                        block_size=2, num_random_blocks=1)
+    torch.manual_seed(0)
+    model = transformers.BigBirdForSequenceClassification(config).eval()
+    attention = model.base_model.encoder.layer[0].attention
+    check_removable(model)
+    assert type(attention.self).__name__ == "BigBirdBlockSparseAttention"  # not switched for good
+    long = {"input_ids": torch.randint(5, 120, (2, 40), generator=torch.Generator().manual_seed(1))}
+    expected = _zeroed_head_logits(model, 0, 0, 8, long)
+    remove_structured(model, [[1, 2, 3], [0, 1, 2, 3]], [list(range(37))] * 2)
+    model.save_pretrained(tmp_path)
+    again = load_pretrained(transformers.AutoModelForSequenceClassification, str(tmp_path)).eval()
+    for pruned in (model, again):
+        with torch.no_grad():
+            assert torch.allclose(pruned(**long).logits, expected, atol=1e-5)
+            pruned(**batch(3))  # 12 tokens: full attention, built anew from the config
+        layer0 = pruned.base_model.encoder.layer[0].attention.self
+        assert type(layer0).__name__ == "BigBirdSelfAttention" and layer0.num_attention_heads == 3
+
+
+def test_deberta_v1_fused_per_head_qkv_biases_and_position_projections_are_removed_by_head(tmp_path):
+    """DeBERTa v1 (relative attention on, as deberta-base): the output projection is the Linear that
+    reads the heads' context (not the as-wide position projection called before it), the fused
+    ``in_proj`` holds each head's q, k, v rows together, and the query/value biases and position
+    projections lose the removed heads' entries."""
+    from compress.models.loading import load_pretrained
+    from compress.pruning.structured import check_removable, remove_structured
+
+    config = transformers.DebertaConfig(**{k: v for k, v in TINY.items() if k != "num_key_value_heads"},
+                                        relative_attention=True, pos_att_type=["c2p", "p2c"],
+                                        max_relative_positions=16)
+    torch.manual_seed(0)
+    model = transformers.DebertaForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_bias", "v_bias")):
+                p.normal_()  # zero at init: random values show whether they follow their heads
+    layout = check_removable(model)
+    assert layout.roles["qkv"] == "attention.self.in_proj"
+    assert layout.roles["attn_out"] == "attention.output.dense"
+    assert layout.extra["qkv_order"] == "heads"
+    assert layout.extra["head_extras"] == {
+        "attention.self.pos_proj": "rows", "attention.self.pos_q_proj": "rows",
+        "attention.self.q_bias": "vector", "attention.self.v_bias": "vector"}
+    expected = _zeroed_head_logits(model, 0, 2, 8, batch(3))
+    remove_structured(model, [[0, 1, 3], [0, 1, 2, 3]], [list(range(37))] * 2)
+    attention = model.base_model.encoder.layer[0].attention.self
+    assert attention.in_proj.out_features == 72 and attention.q_bias.shape == (24,)
+    assert attention.pos_proj.out_features == 24
+    model.save_pretrained(tmp_path)
+    again = load_pretrained(transformers.AutoModelForSequenceClassification, str(tmp_path)).eval()
+    for pruned in (model, again):
+        with torch.no_grad():
+            assert torch.allclose(pruned(**batch(3)).logits, expected, atol=1e-5)
+
+
+def test_head_slices_of_a_fused_qkv_with_rows_per_head():
+    from compress.models.architectures import head_slices
+
+    assert head_slices("qkv", (12, 4), 2, "heads") == [[(0, 0, 6)], [(0, 6, 12)]]
+    assert head_slices("qkv", (12, 4), 2) == [[(0, 0, 2), (0, 4, 6), (0, 8, 10)],
+                                             [(0, 2, 4), (0, 6, 8), (0, 10, 12)]]
+
+
+def test_nystromformer_per_head_convolution_keeps_the_kept_heads_channels(tmp_path):
+    from compress.models.architectures import find_layout
+    from compress.models.loading import load_pretrained
+    from compress.pruning.structured import remove_structured
+
+    model = tiny_model("nystromformer")
+    assert find_layout(model).extra["head_extras"] == {"attention.self.conv": "channels"}
+    weight = model.base_model.encoder.layer[0].attention.self.conv.weight.detach().clone()
+    expected = _zeroed_head_logits(model, 0, 1, 8, batch(3))
+    remove_structured(model, [[0, 2, 3], [0, 1, 2, 3]], [list(range(37))] * 2)
+    conv = model.base_model.encoder.layer[0].attention.self.conv
+    assert conv.groups == conv.in_channels == 3 and torch.equal(conv.weight, weight[[0, 2, 3]])
+    model.save_pretrained(tmp_path)
+    again = load_pretrained(transformers.AutoModelForSequenceClassification, str(tmp_path)).eval()
+    for pruned in (model, again):
+        with torch.no_grad():
+            assert torch.allclose(pruned(**batch(3)).logits, expected, atol=1e-5)
