@@ -43,6 +43,8 @@ def run(args):
                      f"{h['float32_initializers']} float32{kept}; float32 inputs and outputs")
     if "fusion" in report:
         lines.append(f"fusion: {report['fusion']}")
+    if "trace" in report:
+        lines.append(f"trace: {report['trace']}")
     if "accuracy" in report and report["accuracy"]["task"] == "embedding":
         from compress.embedding.scores import brief
 

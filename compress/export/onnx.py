@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.core.errors import ModelError, ParityError
+from compress.core.errors import ModelError, ParityError, first_line
 from compress.export.inputs import DEFAULT_SHAPES, example_inputs
 from compress.export.loading import LoadedModel, torch_logits
 
@@ -38,12 +38,16 @@ class _Exportable(torch.nn.Module):
         return torch_logits(self._loaded, dict(zip(self._loaded.input_names, args)))
 
 
-def export_onnx(loaded: LoadedModel, path: str | Path, opset: int = 17) -> Path:
-    """Export with dynamic batch and sequence axes; one output, ``logits`` [batch, labels] (a
-    sentence-embedding model: ``sentence_embedding`` [batch, hidden])."""
+TRACE_LENGTH = 16  # the sequence length the exporter traces at, unless a retrace asks for more
+LONGEST_TRACE = 512
+
+
+def export_onnx(loaded: LoadedModel, path: str | Path, opset: int = 17, length: int = TRACE_LENGTH) -> Path:
+    """Export with dynamic batch and sequence axes, traced on a 2 x ``length`` batch; one output,
+    ``logits`` [batch, labels] (a sentence-embedding model: ``sentence_embedding`` [batch, hidden])."""
     path = Path(path)
     names = loaded.input_names
-    sample = example_inputs(loaded, 2, 16)
+    sample = example_inputs(loaded, 2, length)
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
     dynamic[loaded.output_name] = {0: "batch"}
     with torch.no_grad():
@@ -71,7 +75,11 @@ def check_parity(loaded: LoadedModel, onnx_path: str | Path, shapes=DEFAULT_SHAP
     for batch, length in shapes:
         inputs = example_inputs(loaded, batch, length)
         ref = {loaded.output_name: torch_logits(loaded, inputs).float().numpy()}
-        got = ort_model.run(inputs)
+        try:
+            got = ort_model.run(inputs)
+        except Exception as err:  # noqa: BLE001 - onnxruntime's own error types; any failure is a mismatch
+            raise ParityError(f"{label} ONNX model {Path(onnx_path).name} fails to run at batch {batch} x "
+                              f"length {length} ({first_line(err)[:200]})") from None
         for name, want in ref.items():
             have = got.get(name)
             if have is None or have.shape != want.shape:
@@ -91,6 +99,43 @@ def check_parity(loaded: LoadedModel, onnx_path: str | Path, shapes=DEFAULT_SHAP
                           + "; ".join(parts))
     return {"label": label, "atol": atol, "shapes": [list(s) for s in shapes],
             "max_abs_diff": worst, "argmax_agreement": agree / total if total else 1.0}
+
+
+def longest_trace(loaded: LoadedModel) -> int | None:
+    """The longest input a retrace uses: the model's position count, at most ``LONGEST_TRACE``
+    (None for a model without a transformers config, whose students trace no sizes)."""
+    positions = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    return min(positions, LONGEST_TRACE)
+
+
+def export_checked(loaded: LoadedModel, path: str | Path, shapes=DEFAULT_SHAPES, atol: float = FP32_ATOL,
+                   provider: str | None = "CPUExecutionProvider", opset: int = 17
+                   ) -> tuple[Path, dict[str, Any], str | None]:
+    """Export and check parity; -> (path, parity, retrace note or None).
+
+    A model whose code turns a size into a Python number has it frozen by the trace (DeBERTa v1's
+    attention span, ``min(length, max_relative_positions)``): its graph traced on a short batch fails
+    or differs at other lengths. Such a graph is exported again traced on the model's longest input
+    (where the span saturates), and kept only if it passes the same check."""
+    path = Path(path)
+    export_onnx(loaded, path, opset)
+    try:
+        return path, check_parity(loaded, path, shapes, atol, provider, "fp32"), None
+    except ParityError as err:
+        longest = longest_trace(loaded)
+        if longest is None or longest <= TRACE_LENGTH:
+            raise
+        short = first_line(err)
+    path.unlink()
+    export_onnx(loaded, path, opset, length=longest)
+    try:
+        parity = check_parity(loaded, path, shapes, atol, provider, "fp32")
+    except ParityError as err:
+        raise ParityError(f"{short}; traced again at length {longest}: {first_line(err)}") from None
+    return path, parity, (f"traced at 2x{longest}: the graph traced at 2x{TRACE_LENGTH} failed its "
+                          f"check ({short[:200]})")
 
 
 def onnx_checker(path: str | Path) -> None:

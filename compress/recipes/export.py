@@ -18,7 +18,7 @@ from compress.core.config import check_choice, check_range, option, to_dict
 from compress.core.errors import ModelError, UsageError, first_line
 from compress.export.inputs import DEFAULT_SHAPES, parse_shapes
 from compress.export.loading import LoadedModel, load_torch_model
-from compress.export.onnx import check_parity, export_onnx
+from compress.export.onnx import check_parity, export_checked
 from compress.export.optimize import (
     attention_executions,
     attention_shape,
@@ -191,8 +191,10 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
                                       "inputs": list(loaded.input_names),
                                       "outputs": [loaded.output_name],
                                       "dynamic_axes": {"batch": 0, "sequence": 1}, "provider": provider}
-            fp32 = export_onnx(loaded, tmp / "fp32.onnx", cfg.opset)
-            report["parity_fp32"] = check_parity(loaded, fp32, shapes, cfg.atol, provider, "fp32")
+            fp32, report["parity_fp32"], retraced = export_checked(
+                loaded, tmp / "fp32.onnx", shapes, cfg.atol, provider, cfg.opset)
+            if retraced:
+                report["trace"] = retraced
             fp32_final = _optimized(cfg, loaded, fp32, shapes, provider, report)
             final = _converted(cfg, loaded, fp32_final, shapes, provider, report)
             if embedding:

@@ -544,3 +544,62 @@ def test_student_export_with_optimize_says_in_one_line_that_no_fusion_applies(tm
                       "the exported graph is kept unoptimized (onnxruntime still applies its own "
                       "session-level graph optimizations)"], out.out
     assert "Traceback" not in out.err and (tmp_path / "s.onnx").is_file()
+
+
+def _tiny_deberta_v1(max_relative_positions: int = 16):
+    import transformers
+
+    config = transformers.DebertaConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=64, relative_attention=True,
+                                        pos_att_type=["c2p", "p2c"],
+                                        max_relative_positions=max_relative_positions)
+    torch.manual_seed(0)
+    return transformers.DebertaForSequenceClassification(config).eval()
+
+
+def test_a_graph_whose_trace_froze_a_size_is_traced_again_at_the_longest_input(tmp_path):
+    """DeBERTa v1 turns min(length, max_relative_positions) into a Python number: traced on 2x16 it
+    fails to run at length 37 (a gather index out of range); traced at its longest input (the span
+    saturated) it matches PyTorch at every checked shape, and the note says why it was retraced."""
+    from compress.export.loading import as_loaded
+    from compress.export.onnx import TRACE_LENGTH, export_checked
+
+    loaded = as_loaded(_tiny_deberta_v1())
+    short = export_onnx(loaded, tmp_path / "short.onnx")
+    with pytest.raises(ParityError, match=r"fails to run at batch 3 x length 37 \(.*GatherElements"):
+        check_parity(loaded, short, ((1, 8), (3, 37)))
+    path, parity, note = export_checked(loaded, tmp_path / "m.onnx", ((1, 8), (2, 16), (3, 37), (1, 1)))
+    assert path.is_file() and max(parity["max_abs_diff"].values()) <= FP32_ATOL
+    assert note.startswith(f"traced at 2x512: the graph traced at 2x{TRACE_LENGTH} failed its check")
+    assert check_parity(loaded, path, ((2, 100),))["argmax_agreement"] == 1.0  # a length not checked before
+
+
+def test_a_graph_that_matches_when_traced_short_is_not_traced_again(tiny_bert, tmp_path):
+    loaded = load_torch_model(str(tiny_bert))
+    from compress.export.onnx import export_checked
+
+    _, parity, note = export_checked(loaded, tmp_path / "m.onnx")
+    assert note is None and max(parity["max_abs_diff"].values()) <= FP32_ATOL
+
+
+def test_a_retrace_that_fails_too_is_one_parity_error_naming_both(tmp_path, monkeypatch):
+    import compress.export.onnx as onnx_export
+    from compress.export.loading import as_loaded
+
+    traced = []
+    real_export = onnx_export.export_onnx
+
+    def export(loaded, path, opset=17, length=onnx_export.TRACE_LENGTH):
+        traced.append(length)
+        return real_export(loaded, path, opset, length)
+
+    def failing(loaded, path, shapes, atol, provider, label):
+        raise ParityError(f"{label} ONNX model traced at {traced[-1]} does not match PyTorch")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", export)
+    monkeypatch.setattr(onnx_export, "check_parity", failing)
+    with pytest.raises(ParityError) as err:
+        onnx_export.export_checked(as_loaded(_tiny_deberta_v1()), tmp_path / "m.onnx", ((1, 8),))
+    assert traced == [16, 512]
+    assert str(err.value) == ("fp32 ONNX model traced at 16 does not match PyTorch; traced again at length "
+                              "512: fp32 ONNX model traced at 512 does not match PyTorch")
