@@ -129,7 +129,24 @@ def read_meta(path: str) -> dict[str, Any]:
     return {}
 
 
+def _own_code_error(spec: str, exc: Exception) -> ModelError | None:
+    """The one line for a model whose config asks for its own Python code (``auto_map``), which
+    transformers runs only with ``trust_remote_code``; None for any other failure."""
+    text = str(exc)
+    if "custom code" not in text and "trust_remote_code" not in text:
+        return None
+    import transformers
+
+    return ModelError(f"model '{spec}' needs its own Python code to load (its config names classes in the "
+                      "model's files, auto_map), and compress never runs a model's code "
+                      "(trust_remote_code stays off); use a checkpoint of a model type transformers "
+                      f"{transformers.__version__} ships")
+
+
 def _hub_error(spec: str, exc: Exception) -> ModelError:
+    own_code = _own_code_error(spec, exc)
+    if own_code is not None:
+        return own_code
     return ModelError(f"could not load model '{spec}' ({type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); offline? pass a local "
                       "folder, a run folder or 'minilm'")
@@ -146,6 +163,9 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
         return auto_class.from_pretrained(path, **{"use_safetensors": True, **kwargs,
                                                    "trust_remote_code": False})
     except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
+        own_code = _own_code_error(spec, exc)
+        if own_code is not None:
+            raise own_code from None
         raise ModelError(f"could not load '{spec}' as {what} ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); pass a local folder, a "
                          "run folder, 'minilm', or a hub name with internet") from None

@@ -127,3 +127,31 @@ def test_one_loader_maps_every_loading_failure_to_one_line(tiny_bert, tmp_path):
         load_pretrained(AutoModel, str(broken), what="an encoder")
     msg = str(err.value)
     assert "\n" not in msg and f"could not load '{broken}' as an encoder" in msg
+
+
+def test_a_model_that_needs_its_own_code_is_refused_in_one_line_and_its_code_never_runs(tiny_bert, tmp_path):
+    """A config whose auto_map names classes in the model's own files: transformers runs them only
+    with trust_remote_code, which compress keeps off; the line says so (not "offline?")."""
+    import shutil
+
+    from transformers import AutoModel
+
+    from compress.models.loading import load_pretrained, load_tokenizer
+
+    folder = tmp_path / "own-code"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="my_encoder", auto_map={"AutoConfig": "modeling_my.MyConfig",
+                                                      "AutoModel": "modeling_my.MyModel"})
+    (folder / "config.json").write_text(json.dumps(config))
+    ran = tmp_path / "ran"
+    (folder / "modeling_my.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    with pytest.raises(ModelError) as err:
+        load_pretrained(AutoModel, str(folder), what="an encoder")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"model '{folder}' needs its own Python code to load")
+    assert "trust_remote_code stays off" in msg and "offline" not in msg
+    with pytest.raises(ModelError, match="needs its own Python code"):
+        load_classifier(str(folder), ("neg", "pos"))
+    load_tokenizer(str(folder))  # the tokenizer files are stock: no own code is asked for
+    assert not ran.exists()
