@@ -182,6 +182,7 @@ def discover(model: nn.Module) -> Discovered:
     try:
         calls = _run(model, linears)
         roles = _attention_roles(model, linears, calls, hidden, width, head_dim)
+        qkv_order = _qkv_order(model, linears, roles, head_dim, calls) if "qkv" in roles else "blocks"
     finally:
         model.train(was_training)
     ffn_roles, glu = _ffn_roles(linears, calls, hidden, ffn, set(roles.values()))
@@ -201,8 +202,7 @@ def discover(model: nn.Module) -> Discovered:
     if emb_path is None:
         raise ModelError(f"the word embeddings were not found in the base model; {HINT}")
     return Discovered(rf"{re.escape(stack_path)}\.(\d+)", roles, attention, head_attrs, emb_path,
-                      heads_config, ffn_config, glu, unassigned, head_dim, extras,
-                      _qkv_order(model, linears, roles, head_dim, calls) if "qkv" in roles else "blocks")
+                      heads_config, ffn_config, glu, unassigned, head_dim, extras, qkv_order)
 
 
 def _shifted(model: nn.Module, lin: nn.Linear, rows: slice, reader: tuple[str, nn.Linear]) -> torch.Tensor:

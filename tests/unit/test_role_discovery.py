@@ -448,7 +448,10 @@ def test_deberta_v1_fused_per_head_qkv_biases_and_position_projections_are_remov
         for name, p in model.named_parameters():
             if name.endswith(("q_bias", "v_bias")):
                 p.normal_()  # zero at init: random values show whether they follow their heads
+    model.train()  # as a Trainer leaves it: discovery's probes must still run without dropout
     layout = check_removable(model)
+    assert model.training
+    model.eval()
     assert layout.roles["qkv"] == "attention.self.in_proj"
     assert layout.roles["attn_out"] == "attention.output.dense"
     assert layout.extra["qkv_order"] == "heads"
