@@ -25,7 +25,9 @@ def result_line(r: dict) -> str:
     if r["kind"] == "student":
         return f"ok: every weight of the distilled student is finite in {r['model_dir']}"
     structure = r.get("structure")
-    shapes = (f"; the weights have the sizes of its config (heads per layer {structure['layer_heads']}, "
+    heads = structure and structure["layer_heads"]
+    shapes = (f"; the weights have the sizes of its config (heads per layer "
+              f"{'all kept' if heads is None else heads}, "
               f"FFN width per layer {structure['layer_intermediate']})" if structure else "")
     if r["kind"] == "dense":
         what = "structured-pruned model" if structure else "dense model"

@@ -110,8 +110,8 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
             result["sparsity"] = report
             result["sparsity_table"] = format_sparsity_table(report)
             pattern = report.get("pattern")
-        if getattr(config, "layer_heads", None) is not None:
-            structured = True
+        if any(getattr(config, f, None) is not None for f in ("layer_heads", "layer_intermediate")):
+            structured = True  # a discovered type pruned FFN-only keeps layer_heads None: every head
             result["structure"] = {"layer_heads": config.layer_heads,
                                    "layer_ffn": config.layer_intermediate}
     result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],

@@ -294,6 +294,7 @@ def check_removable(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARG
             probe_removal(model, ("ffn",))
         except UsageError:
             raise err from None
+        object.__setattr__(model, PROBED_ATTR, getattr(model, PROBED_ATTR, frozenset()) | {"ffn"})
         raise UsageError(str(err).replace("heads or FFN neurons", "heads").replace(
             "unstructured pruning (sparsegpt, wanda, magnitude) works on it", ffn_only)) from None
     # once per model and unit kind: a pipeline calls this again

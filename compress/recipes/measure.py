@@ -62,7 +62,8 @@ def format_measure(r: dict[str, Any]) -> str:
     elif r.get("flops_note"):
         lines.append(r["flops_note"])
     if r.get("structure"):
-        lines.append(f"structure: heads per layer {r['structure']['layer_heads']}, "
+        heads = r["structure"]["layer_heads"]
+        lines.append(f"structure: heads per layer {'all kept' if heads is None else heads}, "
                      f"FFN widths {r['structure']['layer_ffn']}")
     if r.get("fused_ops"):
         lines.append("fused ops: " + ", ".join(f"{k} {v}" for k, v in r["fused_ops"].items()))

@@ -216,14 +216,15 @@ def test_a_speedup_target_on_a_discovered_type_is_met_by_its_latency_table(ernie
     saved = latency.LatencyTable.from_dict(json.loads((out / "latency_table.json").read_text()))
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert saved == table and saved.reference == "smallest"
-    heads = cfg["layer_heads"] or [4, 4]  # none: every layer keeps the config's heads
-    assert min(heads) >= 1 and min(cfg["layer_intermediate"]) >= 1  # no block can go
+    assert cfg["layer_heads"] is None or min(cfg["layer_heads"]) >= 1  # no block can go
+    assert min(cfg["layer_intermediate"]) >= 1
+    heads = cfg["layer_heads"] or [4, 4]  # None: every layer keeps the config's heads
     assert table.predicted_speedup(heads, cfg["layer_intermediate"]) >= 1.5
     assert main(["verify", str(out)]) == 0
 
 
 def test_heads_of_a_discovered_type_it_cannot_resize_are_refused_before_data_and_its_ffn_prunes(
-        discovered_finetuned, tmp_path):
+        discovered_finetuned, tmp_path, capsys):
     """Longformer reshapes its attention output by the input's width, so its heads cannot go: asking
     for heads is refused in one line before any data is read, naming the FFN-only way that works."""
     ft = discovered_finetuned("longformer")
@@ -241,7 +242,12 @@ def test_heads_of_a_discovered_type_it_cannot_resize_are_refused_before_data_and
     cfg = json.loads((out / "ffn" / "model" / "config.json").read_text())
     assert cfg["model_type"] == "compress_longformer" and sum(cfg["layer_intermediate"]) < 128
     assert cfg.get("layer_heads") is None  # every head kept
+    capsys.readouterr()
     assert main(["verify", str(out / "ffn")]) == 0
+    assert "(heads per layer all kept, FFN width per layer [" in capsys.readouterr().out
+    assert main(["measure", str(out / "ffn")]) == 0
+    printed = capsys.readouterr().out
+    assert "structure: heads per layer all kept, FFN widths [" in printed  # measured as structured
 
 
 def test_a_trial_fusion_that_breaks_parity_is_dropped_for_a_discovered_type_only(
