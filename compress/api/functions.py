@@ -342,7 +342,8 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     ``DEFAULT_SHAPES``, lengths 1 and 3 included), with padding; ParityError
     names each output, its max difference and the shapes where it exceeded ``atol``. The file is
     written beside ``path`` under a temporary name and moved there only when parity holds, never
-    over an existing file. Returns ``{"file", "inputs", "parity"}``.
+    over an existing file. Returns ``{"file", "inputs", "parity"}``, and ``"trace"`` where the
+    graph was traced again on the model's longest input (see ``compress export``).
 
     Eager attention exports the graph onnxruntime fuses; a model loaded with SDPA exports too.
     For ``--optimize``/``--quantize int8`` export a saved folder with ``compress export``.
@@ -350,8 +351,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     from compress.core.errors import UsageError
     from compress.export.inputs import DEFAULT_SHAPES
     from compress.export.loading import as_loaded
-    from compress.export.onnx import check_parity
-    from compress.export.onnx import export_onnx as export_loaded
+    from compress.export.onnx import export_checked
     from compress.export.ort import resolve_provider
 
     check.check_module("model", model)
@@ -372,12 +372,12 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, *, atol: float 
     model.eval()
     tmp = dst.parent / f".tmp-{dst.name}"
     try:
-        export_loaded(loaded, tmp, opset)
         shapes = DEFAULT_SHAPES if shapes is None else shapes
-        parity = check_parity(loaded, tmp, tuple(tuple(s) for s in shapes), atol,
-                              resolve_provider(provider), "fp32")
+        _, parity, retraced = export_checked(loaded, tmp, tuple(tuple(s) for s in shapes), atol,
+                                             resolve_provider(provider), opset)
         shutil.move(str(tmp), dst)
     finally:
         tmp.unlink(missing_ok=True)
         model.train(was_training)
-    return {"file": str(dst), "inputs": list(loaded.input_names), "parity": parity}
+    return {"file": str(dst), "inputs": list(loaded.input_names), "parity": parity,
+            **({"trace": retraced} if retraced else {})}

@@ -129,7 +129,12 @@ def export_checked(loaded: LoadedModel, path: str | Path, shapes=DEFAULT_SHAPES,
             raise
         short = first_line(err)
     path.unlink()
-    export_onnx(loaded, path, opset, length=longest)
+    try:
+        export_onnx(loaded, path, opset, length=longest)
+    except Exception as err:  # noqa: BLE001 - the exporter's or the model's own error, as one line
+        path.unlink(missing_ok=True)
+        raise ParityError(f"{short}; traced again at length {longest}, the export failed "
+                          f"({type(err).__name__}: {first_line(err)[:160]})") from None
     try:
         parity = check_parity(loaded, path, shapes, atol, provider, "fp32")
     except ParityError as err:

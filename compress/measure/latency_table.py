@@ -459,20 +459,21 @@ def timing_inputs(model: torch.nn.Module, batch: int, seq_len: int) -> dict[str,
     return feeds
 
 
-def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, name: str
-                       ) -> tuple[Path, dict[str, int]]:
+def export_for_runtime(model: torch.nn.Module, runtime: Runtime, folder: Path, name: str,
+                       length: int | None = None) -> tuple[Path, dict[str, int]]:
     """``model`` as the ONNX file ``runtime`` runs, made as ``compress export`` makes it: exported,
     optimized where a fusion applies, converted to the runtime's precision. Returns (file, fused
     operator counts). Parity is not checked: the weights are random and only the time is used."""
     from compress.export.loading import as_loaded
-    from compress.export.onnx import export_onnx
+    from compress.export.onnx import TRACE_LENGTH, export_onnx
     from compress.export.optimize import attention_shape, fusion_on_trial, optimize_onnx, optimizer_model_type
     from compress.export.precision import PRECISIONS
 
     loaded = as_loaded(model)
     with warnings.catch_warnings():  # the tracer's warnings on every export
         warnings.simplefilter("ignore")
-        path = export_onnx(loaded, folder / f"{name}.onnx")
+        # traced at the timed length: a size the model's code freezes in the trace is then right there
+        path = export_onnx(loaded, folder / f"{name}.onnx", length=max(length or 0, TRACE_LENGTH))
     model_type, _ = optimizer_model_type(loaded)
     fused: dict[str, int] = {}
     if model_type is not None and not fusion_on_trial(loaded):
@@ -517,7 +518,7 @@ def runtime_callable(model: torch.nn.Module, runtime: Runtime, feeds: dict[str, 
         return call, {}
     from compress.export.ort import OrtModel
 
-    path, fused = export_for_runtime(model, runtime, folder, name)
+    path, fused = export_for_runtime(model, runtime, folder, name, feeds["input_ids"].shape[1])
     return OrtModel(path, provider=runtime.provider, threads=threads).bind(feeds), fused
 
 

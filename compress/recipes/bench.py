@@ -261,7 +261,7 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     """A model folder: PyTorch eager, its peers (each parity-checked, or skipped with the reason)
     and, for ``ort``, its export (exported into a folder of ``temps``, parity-checked)."""
     from compress.export.loading import load_torch_model
-    from compress.export.onnx import check_parity, export_onnx
+    from compress.export.onnx import export_checked
     from compress.export.ort import OrtModel
     from compress.measure.verdict import speed_verdict
     from compress.recipes.export import warning_lines
@@ -291,9 +291,11 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
         tmp = Path(temps.enter_context(tempfile.TemporaryDirectory(prefix="compress-bench-")))
         with warnings.catch_warnings(record=True) as caught:  # in bench.json, not on the terminal,
             warnings.simplefilter("always")  # as `compress export` records them in its report
-            onnx_path = export_onnx(eager, tmp / "model.onnx")
+            onnx_path, info["parity"], retraced = export_checked(eager, tmp / "model.onnx",
+                                                                 provider=setup.provider)
         info["exporter_warnings"] = warning_lines(caught)
-        info["parity"] = check_parity(eager, onnx_path, provider=setup.provider)
+        if retraced:
+            info["trace"] = retraced
         sess = OrtModel(onnx_path, provider=setup.provider, threads=cfg.threads or setup.threads)
         found.append(BenchTarget(label, "ort", sess, sess.input_names, loaded.vocab_size, path))
     return info, found

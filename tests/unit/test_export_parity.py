@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -603,3 +605,26 @@ def test_a_retrace_that_fails_too_is_one_parity_error_naming_both(tmp_path, monk
     assert traced == [16, 512]
     assert str(err.value) == ("fp32 ONNX model traced at 16 does not match PyTorch; traced again at length "
                               "512: fp32 ONNX model traced at 512 does not match PyTorch")
+
+
+def test_a_retrace_whose_export_fails_is_one_parity_error_and_leaves_no_file(tmp_path, monkeypatch):
+    import compress.export.onnx as onnx_export
+    from compress.export.loading import as_loaded
+
+    real_export = onnx_export.export_onnx
+
+    def export(loaded, path, opset=17, length=onnx_export.TRACE_LENGTH):
+        if length != onnx_export.TRACE_LENGTH:
+            Path(path).write_bytes(b"half")
+            raise IndexError("index out of range in self")
+        return real_export(loaded, path, opset, length)
+
+    monkeypatch.setattr(onnx_export, "export_onnx", export)
+    with pytest.raises(ParityError) as err:
+        onnx_export.export_checked(as_loaded(_tiny_deberta_v1()), tmp_path / "m.onnx", ((1, 8), (3, 37)))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("fp32 ONNX model m.onnx fails to run at batch 3 x length 37")
+    assert message.endswith("traced again at length 512, the export failed "
+                            "(IndexError: index out of range in self)")
+    assert not (tmp_path / "m.onnx").exists()
