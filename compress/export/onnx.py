@@ -50,11 +50,17 @@ def export_onnx(loaded: LoadedModel, path: str | Path, opset: int = 17, length: 
     sample = example_inputs(loaded, 2, length)
     dynamic = {n: {0: "batch", 1: "sequence"} for n in names}
     dynamic[loaded.output_name] = {0: "batch"}
-    with torch.no_grad():
-        torch.onnx.export(_Exportable(loaded).eval(), tuple(sample[n] for n in names), str(path),
-                          input_names=list(names), output_names=[loaded.output_name],
-                          dynamic_axes=dynamic,
-                          opset_version=opset, do_constant_folding=True, dynamo=False)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(_Exportable(loaded).eval(), tuple(sample[n] for n in names), str(path),
+                              input_names=list(names), output_names=[loaded.output_name],
+                              dynamic_axes=dynamic,
+                              opset_version=opset, do_constant_folding=True, dynamo=False)
+    except torch.onnx.errors.OnnxExporterError as err:  # an operator ONNX has no counterpart for
+        Path(path).unlink(missing_ok=True)
+        raise ModelError(f"the ONNX exporter cannot export this {loaded.architecture or 'model'} "
+                         f"({first_line(err)[:200]}); ONNX has no operator for it at opset {opset}: "
+                         "try a newer --opset, or keep this model in PyTorch") from None
     return path
 
 

@@ -628,3 +628,20 @@ def test_a_retrace_whose_export_fails_is_one_parity_error_and_leaves_no_file(tmp
     assert message.endswith("traced again at length 512, the export failed "
                             "(IndexError: index out of range in self)")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_model_with_an_operator_onnx_lacks_is_one_model_error_and_no_file(tmp_path):
+    """FNet mixes tokens with a Fourier transform, which the exporter has no ONNX operator for."""
+    import transformers
+
+    from compress.export.loading import as_loaded
+
+    config = transformers.FNetConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1,
+                                     intermediate_size=64)
+    model = transformers.FNetForSequenceClassification(config).eval()
+    with pytest.raises(ModelError) as err:
+        export_onnx(as_loaded(model), tmp_path / "f.onnx")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("the ONNX exporter cannot export this fnet (")
+    assert "fft" in message and "--opset" in message
+    assert not (tmp_path / "f.onnx").exists()
