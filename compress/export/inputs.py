@@ -57,8 +57,11 @@ def example_inputs(loaded: Declared, batch: int, length: int, seed: int = 0) -> 
         mask[row, keep:] = 0
     out = {"input_ids": ids, "attention_mask": mask}
     if "token_type_ids" in loaded.input_names:
-        tt = torch.zeros(batch, length, dtype=torch.long)
-        tt[:, length // 2:] = 1
+        # TAPAS reads one id per token for each of its token types (segment, column, row, ...)
+        kinds = getattr(getattr(getattr(loaded, "model", None), "config", None), "type_vocab_sizes", None)
+        tt = torch.zeros(batch, length, *([len(kinds)] if isinstance(kinds, (list, tuple)) else []),
+                         dtype=torch.long)
+        tt[:, length // 2:] = 1  # the second segment (TAPAS: every kind's id 1, in range of each)
         out["token_type_ids"] = tt
     return {k: v for k, v in out.items() if k in loaded.input_names}
 

@@ -630,18 +630,22 @@ def test_a_retrace_whose_export_fails_is_one_parity_error_and_leaves_no_file(tmp
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_a_model_with_an_operator_onnx_lacks_is_one_model_error_and_no_file(tmp_path):
-    """FNet mixes tokens with a Fourier transform, which the exporter has no ONNX operator for."""
+@pytest.mark.parametrize("model_type, operator", [("fnet", "fft"), ("tapas", "scatter_reduce")])
+def test_a_model_with_an_operator_onnx_lacks_is_one_model_error_and_no_file(model_type, operator, tmp_path):
+    """FNet mixes tokens with a Fourier transform, TAPAS reduces over table cells with
+    ``scatter_reduce(include_self=False)``: the exporter has no ONNX operator for either. TAPAS gets
+    one token type id per kind (its 3-D ``token_type_ids``), so the trace reaches that operator."""
     import transformers
 
     from compress.export.loading import as_loaded
 
-    config = transformers.FNetConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1,
-                                     intermediate_size=64)
-    model = transformers.FNetForSequenceClassification(config).eval()
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=300, hidden_size=32,
+                                               num_hidden_layers=1, num_attention_heads=4,
+                                               intermediate_size=64)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     with pytest.raises(ModelError) as err:
         export_onnx(as_loaded(model), tmp_path / "f.onnx")
     message = str(err.value)
-    assert "\n" not in message and message.startswith("the ONNX exporter cannot export this fnet (")
-    assert "fft" in message and "--opset" in message
+    assert "\n" not in message and message.startswith(f"the ONNX exporter cannot export this {model_type} (")
+    assert operator in message and "--opset" in message
     assert not (tmp_path / "f.onnx").exists()
