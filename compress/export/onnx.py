@@ -113,7 +113,11 @@ def longest_trace(loaded: LoadedModel) -> int | None:
     positions = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
     if not isinstance(positions, int) or positions <= 0:
         return None
-    return min(positions, LONGEST_TRACE)
+    base = getattr(loaded.model, "base_model", None)
+    offset = getattr(getattr(base, "embeddings", None), "padding_idx", None)
+    if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+        positions -= offset + 1  # RoBERTa's positions start after the padding index
+    return min(positions, LONGEST_TRACE) if positions > 0 else None
 
 
 def export_checked(loaded: LoadedModel, path: str | Path, shapes=DEFAULT_SHAPES, atol: float = FP32_ATOL,

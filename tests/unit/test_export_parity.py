@@ -649,3 +649,19 @@ def test_a_model_with_an_operator_onnx_lacks_is_one_model_error_and_no_file(mode
     assert "\n" not in message and message.startswith(f"the ONNX exporter cannot export this {model_type} (")
     assert operator in message and "--opset" in message
     assert not (tmp_path / "f.onnx").exists()
+
+
+def test_the_longest_retrace_stays_inside_the_position_table():
+    import transformers
+
+    from compress.export.loading import as_loaded
+    from compress.export.onnx import longest_trace
+
+    sizes = dict(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                 intermediate_size=64, max_position_embeddings=64)
+    bert = transformers.BertForSequenceClassification(transformers.BertConfig(**sizes))
+    roberta = transformers.RobertaForSequenceClassification(
+        transformers.RobertaConfig(**sizes, pad_token_id=1))
+    assert longest_trace(as_loaded(bert)) == 64
+    assert longest_trace(as_loaded(roberta)) == 62  # positions 2..63: after the padding index 1
+    assert longest_trace(wrap_module(TinyLR())) is None
