@@ -69,6 +69,7 @@ from compress.models.modeling_pruned import (
     hold_heads,
     pruned_class_of,
     register_auto_classes,
+    resize_head_extra,
     set_head_attrs,
 )
 
@@ -184,28 +185,23 @@ def _keep(lin: nn.Linear, dim: int, index: torch.Tensor) -> None:
 
 def _keep_head_extra(layer: nn.Module, path: str, kind: str, heads: list[int], head_dim: int) -> None:
     """Keep the parts of heads ``heads`` in the head-sized part ``path`` of ``layer`` (a discovered
-    layout's ``head_extras``: a Linear's rows, a vector, a convolution with one group per head)."""
+    layout's ``head_extras``): rebuilt at the new size as a reload rebuilds it
+    (``resize_head_extra``), then given the kept entries along dim 0 of each of its tensors (a
+    Linear's rows, a vector's entries: ``head_dim`` per head; a per-head convolution: one per head)."""
     parent_path, _, attr = path.rpartition(".")
     parent = layer.get_submodule(parent_path) if parent_path else layer
-    part = getattr(parent, attr)
-    device = part.weight.device if isinstance(part, nn.Module) else part.device
-    rows = torch.tensor([r for h in heads for r in range(h * head_dim, (h + 1) * head_dim)],
-                        dtype=torch.long, device=device)
-    if kind == "rows":
-        _keep(part, 0, rows)
-    elif kind == "vector":
-        setattr(parent, attr, nn.Parameter(part.detach().index_select(0, rows).clone(),
-                                           requires_grad=part.requires_grad))
-    elif kind == "channels":
-        index = torch.tensor(heads, dtype=torch.long, device=device)
-        part.weight = nn.Parameter(part.weight.detach().index_select(0, index).clone(),
-                                   requires_grad=part.weight.requires_grad)
-        if part.bias is not None:
-            part.bias = nn.Parameter(part.bias.detach().index_select(0, index).clone(),
-                                     requires_grad=part.bias.requires_grad)
-        part.in_channels = part.out_channels = part.groups = len(heads)
-    else:
-        raise ValueError(f"unknown head-sized part kind '{kind}' of {path}")
+    old = getattr(parent, attr)
+    old_tensors = dict(old.named_parameters()) if isinstance(old, nn.Module) else {"": old}
+    resize_head_extra(layer, path, kind, len(heads), head_dim)
+    new = getattr(parent, attr)
+    new_tensors = dict(new.named_parameters()) if isinstance(new, nn.Module) else {"": new}
+    units = heads if kind == "channels" else [r for h in heads
+                                               for r in range(h * head_dim, (h + 1) * head_dim)]
+    for name, tensor in old_tensors.items():
+        index = torch.tensor(units, dtype=torch.long, device=tensor.device)
+        with torch.no_grad():
+            new_tensors[name].copy_(tensor.index_select(0, index))
+        new_tensors[name].requires_grad_(tensor.requires_grad)
 
 
 def layer_sizes(model: nn.Module) -> dict[str, list[int]]:
