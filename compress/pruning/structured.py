@@ -74,6 +74,7 @@ from compress.models.modeling_pruned import (
 )
 
 STRUCTURED_TARGETS = ("heads", "ffn")
+UNSTRUCTURED_WORKS = "unstructured pruning (sparsegpt, wanda, magnitude) works on it"
 IMPORTANCE = ("L2 norm of each head's / FFN neuron's weights (rows of Q, K, V or of the fused qkv blocks, "
               "position projections if any, columns of the attention output; FFN input row(s), gate "
               "row included, and output column) divided by its layer's mean, ranked across layers")
@@ -274,7 +275,7 @@ def check_removable(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARG
         return layout
     model_type = model.config.model_type
     ffn_only = ("only its FFN neurons can be removed (--structured ffn, or targets=('ffn',)); "
-                "unstructured pruning (sparsegpt, wanda, magnitude) works on it")
+                + UNSTRUCTURED_WORKS)
     first = encoder_layers(model, layout)[0].linears
     if "heads" in targets and "key" in first and first["key"].out_features != first["query"].out_features:
         raise UsageError(f"structured pruning cannot remove heads of {model_type}: its "
@@ -291,8 +292,8 @@ def check_removable(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARG
         except UsageError:
             raise err from None
         object.__setattr__(model, PROBED_ATTR, getattr(model, PROBED_ATTR, frozenset()) | {"ffn"})
-        raise UsageError(str(err).replace("heads or FFN neurons", "heads").replace(
-            "unstructured pruning (sparsegpt, wanda, magnitude) works on it", ffn_only)) from None
+        probe_removal(model, ("heads",), fix=ffn_only)  # the heads' own refusal, with the FFN-only way
+        raise err from None
     # once per model and unit kind: a pipeline calls this again
     object.__setattr__(model, PROBED_ATTR, getattr(model, PROBED_ATTR, frozenset()) | set(targets))
     return layout
@@ -312,11 +313,12 @@ def _first_output(model: nn.Module, inputs: dict) -> torch.Tensor:
     return out["logits"] if "logits" in out else out[0]
 
 
-def probe_removal(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARGETS) -> float:
+def probe_removal(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARGETS,
+                  fix: str = UNSTRUCTURED_WORKS) -> float:
     """Remove head 0 (with "heads" in ``targets``) and every second FFN neuron (with "ffn") of the
     first layer of a copy of ``model``, then check that the copy computes what ``model`` computes
     with those units zeroed, before and after a save and reload. Returns the largest difference;
-    UsageError naming the step that failed."""
+    UsageError naming the step that failed and ending in ``fix``."""
     import copy
     import tempfile
 
@@ -381,12 +383,11 @@ def probe_removal(model: nn.Module, targets: tuple[str, ...] = STRUCTURED_TARGET
     except Exception as err:  # noqa: BLE001 - any failure of the architecture's own code refuses it
         raise UsageError(f"structured pruning cannot remove {units} of {model_type}: "
                          f"{step} on a copy failed ({type(err).__name__}: {first_line(err)[:100]}); "
-                         "unstructured pruning (sparsegpt, wanda, magnitude) works on it") from None
+                         f"{fix}") from None
     if diff > tolerance:
         raise UsageError(f"structured pruning cannot remove {units} of {model_type}: after "
                          f"{step}, a copy differs from the model with those units zeroed by {diff:.1e} of "
-                         "its output (its attention keeps sizes the discovery did not find); unstructured "
-                         "pruning (sparsegpt, wanda, magnitude) works on it")
+                         f"its output (its attention keeps sizes the discovery did not find); {fix}")
     return diff
 
 
