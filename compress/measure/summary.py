@@ -84,7 +84,7 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
     from compress.export.inputs import example_inputs
     from compress.measure.flops import count_flops
     from compress.measure.params import count_params
-    from compress.measure.verdict import speed_verdict
+    from compress.measure.verdict import is_structured_config, speed_verdict
 
     model = loaded.model
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -110,8 +110,8 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
             result["sparsity"] = report
             result["sparsity_table"] = format_sparsity_table(report)
             pattern = report.get("pattern")
-        if any(getattr(config, f, None) is not None for f in ("layer_heads", "layer_intermediate")):
-            structured = True  # a discovered type pruned FFN-only keeps layer_heads None: every head
+        if is_structured_config(config):
+            structured = True
             result["structure"] = {"layer_heads": config.layer_heads,
                                    "layer_ffn": config.layer_intermediate}
     result["verdict"] = speed_verdict(unstructured_sparsity=params["encoder_matrix_sparsity"],

@@ -250,11 +250,6 @@ def _onnx_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup
     return info, [BenchTarget(label, runtime, sess, sess.input_names, _onnx_vocab(path), src)]
 
 
-def _structured(config) -> bool:
-    """Whether a model's config says its layers were resized (heads, FFN width or both)."""
-    return any(getattr(config, f, None) is not None for f in ("layer_heads", "layer_intermediate"))
-
-
 def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
                    temps: contextlib.ExitStack, skipped: list[dict[str, str]]
                    ) -> tuple[dict[str, Any], list[BenchTarget]]:
@@ -263,7 +258,7 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     from compress.export.loading import load_torch_model
     from compress.export.onnx import export_checked
     from compress.export.ort import OrtModel
-    from compress.measure.verdict import speed_verdict
+    from compress.measure.verdict import is_structured_config, speed_verdict
     from compress.recipes.export import warning_lines
 
     device = setup.device
@@ -272,7 +267,7 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     info: dict[str, Any] = {"label": label, "path": path, "kind": loaded.kind, "flops_source": path,
                             "verdict": speed_verdict(
                                 unstructured_sparsity=_encoder_sparsity(model),
-                                structured=_structured(getattr(model, "config", None)),
+                                structured=is_structured_config(getattr(model, "config", None)),
                                 distilled=loaded.kind == "student",
                                 runtime="PyTorch eager " + device, vnni=setup.vnni, avx2=setup.avx2)}
     found = []
