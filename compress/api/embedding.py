@@ -114,7 +114,7 @@ def save_embedding_model(model: SentenceEncoder, tokenizer, folder: str | os.Pat
                          ) -> Path:
     """A sentence-transformers folder (weights, tokenizer, modules and pooling config, card) with the
     masks beside the weights when given; ``SentenceTransformer(folder)`` opens it (a structured-pruned
-    model once ``compress`` is imported, or with ``trust_remote_code=True``)."""
+    model through its stock copy in ``0_Transformer``, the same embeddings)."""
     from compress.embedding.model import save_sentence_transformer
     from compress.pruning.integrity import MASKS_FILE, save_masks
     from compress.report.modelcard import write_model_card

@@ -30,6 +30,7 @@ POOLING_MODES = ("mean", "cls", "max")
 MODULES_FILE = "modules.json"
 POOLING_DIR = "1_Pooling"
 ST_CONFIG = "sentence_bert_config.json"
+STOCK_DIR = "0_Transformer"  # a structured model's stock copy: the Transformer sentence-transformers loads
 ST_MODULE = "sentence_transformers.models."
 DEFAULT_MAX_LENGTH = 256
 
@@ -213,12 +214,32 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     """The encoder in Hugging Face format (``compress.models.loading.save_model``: weights, tokenizer,
     ``compress.json``) plus the ``sentence-transformers`` files: ``modules.json``, the pooling
     config, ``sentence_bert_config.json`` and, with normalisation, a ``2_Normalize`` folder. The
-    model card (``README.md``) is the caller's (``compress.report.modelcard.write_model_card``)."""
+    model card (``README.md``) is the caller's (``compress.report.modelcard.write_model_card``).
+
+    A structured-pruned encoder, whose layers stock transformers cannot build at their sizes, is
+    also written as its stock copy (``compress.pruning.stock_copy``: removed units zero, the same
+    embeddings) in ``0_Transformer``, where ``modules.json`` sends sentence-transformers: the folder
+    opens with a bare ``SentenceTransformer(folder)``, no project code run. This project, the ONNX
+    export and ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` read the pruned weights
+    beside it, which carry the speed."""
+    from compress.measure.verdict import is_structured_config
     from compress.models.loading import save_model
 
     p = model.pooling
+    stock = None
+    if is_structured_config(model.config):  # built (and checked) before anything is written
+        from compress.pruning.stock_copy import stock_copy
+
+        stock = stock_copy(model.encoder)
     save_model(model.encoder, tokenizer, folder, {**meta, "pooling": asdict(p)})
-    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE + "Transformer"},
+    st_config = {"max_seq_length": p.max_length, "do_lower_case": p.lower_case}
+    transformer_dir = ""
+    if stock is not None:
+        transformer_dir = STOCK_DIR
+        stock.save_pretrained(folder / STOCK_DIR, safe_serialization=True)
+        tokenizer.save_pretrained(folder / STOCK_DIR)
+        (folder / STOCK_DIR / ST_CONFIG).write_text(json.dumps(st_config, indent=2) + "\n", encoding="utf-8")
+    modules = [{"idx": 0, "name": "0", "path": transformer_dir, "type": ST_MODULE + "Transformer"},
                {"idx": 1, "name": "1", "path": POOLING_DIR, "type": ST_MODULE + "Pooling"}]
     for name, module in model.dense.items():
         (folder / name).mkdir(exist_ok=True)
@@ -235,5 +256,5 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
                    "pooling_mode_cls_token": p.mode == "cls", "pooling_mode_mean_tokens": p.mode == "mean",
                    "pooling_mode_max_tokens": p.mode == "max", "pooling_mode_mean_sqrt_len_tokens": False}
     for path, data in ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
-                       (folder / ST_CONFIG, {"max_seq_length": p.max_length, "do_lower_case": p.lower_case})):
+                       (folder / ST_CONFIG, st_config)):
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -300,20 +300,28 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
 
 
 def _use_lines(meta: dict[str, Any], model_type: str | None) -> list[str]:
-    """The card's loading snippet: sentence-transformers for an embedding model, else the Auto class;
-    with ``trust_remote_code=True`` where the per-layer sizes need the folder's own classes."""
+    """The card's loading snippet: sentence-transformers for an embedding model (a structured one
+    opens its stock copy), else the Auto class, with ``trust_remote_code=True`` where the per-layer
+    sizes need the folder's own classes."""
     from compress.models.modeling_pruned import MODULE_PATHS, base_model_type
 
     structured = (model_type or "").startswith("compress_")
     remote = ", trust_remote_code=True" if structured else ""
     if meta.get("task") == "embedding":
         lines = ["```python", "from sentence_transformers import SentenceTransformer",
-                 f"model = SentenceTransformer(\"PATH_OR_HUB_ID\"{remote})",
+                 "model = SentenceTransformer(\"PATH_OR_HUB_ID\")",
                  "embeddings = model.encode([\"A first sentence.\", \"A second one.\"])", "```"]
-    else:
-        auto = "AutoModelForSequenceClassification" if meta.get("label_names") else "AutoModel"
-        lines = ["```python", f"from transformers import {auto}",
-                 f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\"{remote})", "```"]
+        if structured:
+            lines += ["", "Its layers keep different numbers of heads and FFN neurons, which no stock config "
+                      "describes. sentence-transformers opens `0_Transformer/`, a stock copy in which the "
+                      "removed heads and neurons are zero: the same embeddings at about the unpruned cost. "
+                      "The speed is in the pruned weights beside it: export them with `compress export "
+                      "PATH --to model.onnx`, or load them with `AutoModel.from_pretrained(\"PATH_OR_HUB_ID\""
+                      ", trust_remote_code=True)` (the classes are in `modeling_pruned.py`)."]
+        return lines
+    auto = "AutoModelForSequenceClassification" if meta.get("label_names") else "AutoModel"
+    lines = ["```python", f"from transformers import {auto}",
+             f"model = {auto}.from_pretrained(\"PATH_OR_HUB_ID\"{remote})", "```"]
     if structured:
         registered = base_model_type(model_type) in MODULE_PATHS
         lines += ["", "Its layers keep different numbers of heads and FFN neurons, which no stock config "

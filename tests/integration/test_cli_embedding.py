@@ -103,7 +103,8 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
     assert s["structured"]["flops_reduction"] >= 0.4
     assert json.loads((run / "model" / "config.json").read_text())["model_type"] == "compress_bert"
     assert s["sentence_transformers"]["equal_to_1e-5"] is True
-    # where compress is not imported, the folder's own loading code serves sentence-transformers
+    # where compress is not imported, a bare SentenceTransformer(folder) opens the stock copy beside
+    # the pruned weights (no trust_remote_code, no project code), and gives the same embeddings
     import subprocess
     import sys
 
@@ -111,15 +112,16 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
 
     texts = ["Paris is the capital of France.", "The Seine flows through it."]
     code = ("import json, sys; from sentence_transformers import SentenceTransformer; "
-            f"m = SentenceTransformer({str(run / 'model')!r}, trust_remote_code=True, device='cpu'); "
+            f"m = SentenceTransformer({str(run / 'model')!r}, device='cpu'); "
             f"print(json.dumps({{'emb': m.encode({texts!r}).tolist(), "
-            "'compress': any(k.startswith('compress') for k in sys.modules)}))")
+            "'compress': any(k.startswith('compress') for k in sys.modules), "
+            "'type': type(m[0].auto_model).__name__}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     fresh = json.loads(out.stdout.strip().splitlines()[-1])
     model, tok, _ = load_sentence_encoder(str(run))
-    assert fresh["compress"] is False
+    assert fresh["compress"] is False and fresh["type"] == "BertModel"
     assert torch.allclose(torch.tensor(fresh["emb"]), embed(model, tok, texts), atol=1e-5)
     onnx = tmp_path / "fisher-int8.onnx"
     r = run_cli("export", str(run), "--to", str(onnx), "--optimize", "--quantize", "int8", "--task",
@@ -225,7 +227,9 @@ def test_structured_fisher_on_an_mpnet_embedding_model_without_a_role_table(data
     assert s["structured"]["flops_reduction"] >= 0.3
     config = json.loads((run / "model" / "config.json").read_text())
     assert config["model_type"] == "compress_mpnet" and "pruned_layout" in config
+    stock = json.loads((run / "model" / "0_Transformer" / "config.json").read_text())
+    assert stock["model_type"] == "mpnet" and "auto_map" not in stock  # what sentence-transformers opens
     assert s["sentence_transformers"]["equal_to_1e-5"] is True
     card = (run / "model" / "README.md").read_text()  # how to open it, as the test just did
-    assert 'SentenceTransformer("PATH_OR_HUB_ID", trust_remote_code=True)' in card
+    assert 'SentenceTransformer("PATH_OR_HUB_ID")' in card and "0_Transformer/" in card
     assert "import compress" not in card  # importing compress does not register a discovered type
