@@ -3,8 +3,9 @@
 The public Python API (listed in ``__all__``; README "Python API") is imported lazily: ``import
 compress`` loads neither torch nor transformers until a name is used.
 
-- pruning: ``make_pruner``, ``prune_model``, ``prune_structured_model``, ``prunable_targets``, ``save_model``,
-  ``verify_masks``, ``ScheduledPruner``, ``OneShotSchedule``, ``GradualSchedule``;
+- pruning: ``make_pruner``, ``prune_model``, ``prune_structured_model``, ``stock_copy``,
+  ``prunable_targets``, ``save_model``, ``verify_masks``, ``ScheduledPruner``, ``OneShotSchedule``,
+  ``GradualSchedule``;
 - ``transformers.Trainer``: ``PruningCallback``, ``DistillationTrainer``;
 - distillation: ``kd_loss``;
 - embedding models: ``load_embedding_model``, ``embed_texts``, ``prune_embedding_model``,
@@ -26,6 +27,7 @@ _PUBLIC: dict[str, str] = {
     "make_pruner": "compress.api.functions",
     "prune_model": "compress.api.functions",
     "prune_structured_model": "compress.api.structured",
+    "stock_copy": "compress.pruning.stock_copy",
     "prunable_targets": "compress.api.functions",
     "save_model": "compress.api.functions",
     "verify_masks": "compress.api.functions",

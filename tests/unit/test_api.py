@@ -22,7 +22,7 @@ PUBLIC = ("CompressError", "DataError", "DistillationTrainer", "GradualSchedule"
           "PruningCallback", "TrainingDivergedError", "UsageError", "export_onnx",
           "format_sparsity_table", "kd_loss",
           "make_pruner", "measure_model", "prunable_targets", "prune_model", "prune_structured_model",
-          "save_model",
+          "save_model", "stock_copy",
           "sparsity_report", "verify_masks", "write_model_card", "load_embedding_model", "embed_texts",
           "prune_embedding_model", "distil_embedding_model", "save_embedding_model")
 

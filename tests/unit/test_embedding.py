@@ -25,6 +25,7 @@ from compress.embedding.scores import embedding_scores
 from compress.tasks.base import TextDataset
 from compress.tasks.embedding import EmbeddingEval
 from compress.tasks.retrieval import ReQADataset
+from tests.tiny_encoders import ARCHITECTURES
 
 TEXTS = ["the cat sat on the mat", "a dog ran", "stocks fell sharply today", "rain is expected tomorrow"]
 
@@ -99,19 +100,39 @@ def test_saved_folder_opens_in_sentence_transformers_with_the_same_embeddings(ti
         assert torch.allclose(ours.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-5)
 
 
-def test_structured_pruned_encoder_saves_as_a_folder_sentence_transformers_opens(tiny_bert, tmp_path):
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_structured_pruned_encoder_saves_as_a_folder_sentence_transformers_opens(tiny_encoder, arch,
+                                                                                  tmp_path):
+    """Every tiny architecture: the folder holds the pruned weights (compress_<type>) and, where
+    modules.json sends sentence-transformers, the stock copy, which gives the same embeddings."""
     from sentence_transformers import SentenceTransformer
 
-    from compress.pruning.structured import remove_structured
+    from compress.pruning.structured import layer_sizes, remove_structured
 
-    model, tok, _ = load_sentence_encoder(str(tiny_bert))
-    remove_structured(model.encoder, [[0, 2], [1, 2, 3]], [list(range(0, 64, 2)), list(range(40))])
+    model, tok, _ = load_sentence_encoder(str(tiny_encoder(arch)))
+    sizes = layer_sizes(model.encoder)
+    remove_structured(model.encoder, [[h for h in range(n) if h % 2] for n in sizes["heads"]],
+                      [list(range(0, n, 2)) for n in sizes["ffn"]])
     ours = embed(model, tok, TEXTS)
     folder = tmp_path / "pruned"
     save_sentence_transformer(model, tok, folder, {"task": "embedding"})
-    assert json.loads((folder / "config.json").read_text())["model_type"] == "compress_bert"
-    theirs = torch.as_tensor(SentenceTransformer(str(folder), device="cpu").encode(TEXTS))
-    assert torch.allclose(theirs, ours, atol=1e-5)
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    assert model_type.startswith("compress_")
+    stock = json.loads((folder / "0_Transformer" / "config.json").read_text())
+    assert stock["model_type"] == model_type.removeprefix("compress_") and "auto_map" not in stock
+    assert json.loads((folder / "modules.json").read_text())[0]["path"] == "0_Transformer"
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert not type(st[0].auto_model).__name__.startswith("Compress")
+    assert torch.allclose(torch.as_tensor(st.encode(TEXTS)), ours, atol=1e-5)
+    again, _, _ = load_sentence_encoder(str(folder))  # this project reads the pruned weights
+    assert type(again.encoder).__name__.startswith("Compress")
+
+
+def test_an_unpruned_encoder_is_saved_once_for_sentence_transformers(tiny_bert, tmp_path):
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    save_sentence_transformer(model, tok, tmp_path / "dense", {"task": "embedding"})
+    assert not (tmp_path / "dense" / "0_Transformer").exists()
+    assert json.loads((tmp_path / "dense" / "modules.json").read_text())[0]["path"] == ""
 
 
 def tiny_eval() -> EmbeddingEval:
