@@ -16,6 +16,8 @@ gives the same embeddings. Pruning applies to ``SentenceEncoder.encoder``, the H
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.core.errors import ModelError
+from compress.core.errors import ModelError, first_line
 
 POOLING_MODES = ("mean", "cls", "max")
 MODULES_FILE = "modules.json"
@@ -210,7 +212,7 @@ def embed(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: i
     return out
 
 
-def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, meta: dict) -> None:
+def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, meta: dict) -> str | None:
     """The encoder in Hugging Face format (``compress.models.loading.save_model``: weights, tokenizer,
     ``compress.json``) plus the ``sentence-transformers`` files: ``modules.json``, the pooling
     config, ``sentence_bert_config.json`` and, with normalisation, a ``2_Normalize`` folder. The
@@ -221,19 +223,27 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     embeddings) in ``0_Transformer``, where ``modules.json`` sends sentence-transformers: the folder
     opens with a bare ``SentenceTransformer(folder)``, no project code run. This project, the ONNX
     export and ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` read the pruned weights
-    beside it, which carry the speed."""
+    beside it, which carry the speed. Where the copy cannot be made (its outputs differ), the pruned
+    folder is saved without it, opened by sentence-transformers only with ``trust_remote_code=True``;
+    the reason is returned (None otherwise) and printed as a warning."""
     from compress.measure.verdict import is_structured_config
     from compress.models.loading import save_model
 
     p = model.pooling
-    stock = None
+    stock, missing = None, None
     if is_structured_config(model.config):  # built (and checked) before anything is written
         from compress.pruning.stock_copy import stock_copy
 
-        stock = stock_copy(model.encoder)
+        try:
+            stock = stock_copy(model.encoder)
+        except ModelError as err:  # the pruned model is saved all the same
+            missing = first_line(err)
+            print(f"warning: no stock copy for sentence-transformers: {missing}", file=sys.stderr)
     save_model(model.encoder, tokenizer, folder, {**meta, "pooling": asdict(p)})
     st_config = {"max_seq_length": p.max_length, "do_lower_case": p.lower_case}
     transformer_dir = ""
+    if stock is None and (folder / STOCK_DIR).is_dir():  # a copy from an earlier save no longer matches
+        shutil.rmtree(folder / STOCK_DIR)
     if stock is not None:
         transformer_dir = STOCK_DIR
         stock.save_pretrained(folder / STOCK_DIR, safe_serialization=True)
@@ -258,3 +268,4 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     for path, data in ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
                        (folder / ST_CONFIG, st_config)):
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return missing

@@ -142,12 +142,14 @@ def prune_post_training_embedding(cfg: PruneConfig) -> Path:
                                      "layers_weight": cfg.kd_layers, "steps": steps}} if steps else {})}
         if run.rank == 0:
             folder = run.path / "model"
-            save_sentence_transformer(model, tokenizer, folder, meta)
+            no_stock_copy = save_sentence_transformer(model, tokenizer, folder, meta)
             write_model_card(folder, model.encoder, meta=meta)
             sparsity = write_masks_and_sparsity(run.path, masks)
             probe = data.heldout_texts()[:ST_CHECK_TEXTS]
             ours = embed(model, tokenizer, probe, 32, max_length)
             st_check = check_sentence_transformers(folder, probe, ours)
+            if no_stock_copy:
+                st_check["no_stock_copy"] = no_stock_copy
             summary = {"run": run.final.name,
                        **post_training_summary(cfg, EMBEDDING_TASK, "p@1", once, metrics, steps, t0),
                        "calibration_texts": sum(len(b["input_ids"]) for b in batches),

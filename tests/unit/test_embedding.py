@@ -128,6 +128,29 @@ def test_structured_pruned_encoder_saves_as_a_folder_sentence_transformers_opens
     assert type(again.encoder).__name__.startswith("Compress")
 
 
+def test_a_failed_stock_copy_still_saves_the_pruned_folder_and_says_why(tiny_bert, tmp_path, monkeypatch,
+                                                                       capsys):
+    import compress.pruning.stock_copy as stock_module
+    from compress.pruning.structured import remove_structured
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    remove_structured(model.encoder, [[0, 2], [1, 2, 3]], [list(range(0, 64, 2)), list(range(40))])
+    folder = tmp_path / "pruned"
+    assert save_sentence_transformer(model, tok, folder, {"task": "embedding"}) is None
+    assert (folder / "0_Transformer").is_dir()
+
+    def differs(encoder):
+        raise ModelError("the stock copy of CompressBertModel differs from it by 1.0e+00 of its output")
+
+    monkeypatch.setattr(stock_module, "stock_copy", differs)
+    why = save_sentence_transformer(model, tok, folder, {"task": "embedding"})  # saved again, same folder
+    assert why is not None and "differs" in why and why in capsys.readouterr().err
+    assert not (folder / "0_Transformer").exists()  # the earlier copy is gone, not left stale
+    assert json.loads((folder / "modules.json").read_text())[0]["path"] == ""
+    again, _, _ = load_sentence_encoder(str(folder))
+    assert torch.allclose(embed(again, tok, TEXTS), embed(model, tok, TEXTS), atol=1e-6)
+
+
 def test_an_unpruned_encoder_is_saved_once_for_sentence_transformers(tiny_bert, tmp_path):
     model, tok, _ = load_sentence_encoder(str(tiny_bert))
     save_sentence_transformer(model, tok, tmp_path / "dense", {"task": "embedding"})
