@@ -223,7 +223,8 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     embeddings) in ``0_Transformer``, where ``modules.json`` sends sentence-transformers: the folder
     opens with a bare ``SentenceTransformer(folder)``, no project code run. This project, the ONNX
     export and ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` read the pruned weights
-    beside it, which carry the speed. Where the copy cannot be made (its outputs differ), the pruned
+    beside it, which carry the speed. Where the copy cannot be made (its outputs differ, or building it
+    fails, out of memory among others), the pruned
     folder is saved without it, opened by sentence-transformers only with ``trust_remote_code=True``;
     the reason is returned (None otherwise) and printed as a warning."""
     from compress.measure.verdict import is_structured_config
@@ -236,8 +237,10 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
 
         try:
             stock = stock_copy(model.encoder)
-        except ModelError as err:  # the pruned model is saved all the same
+        except Exception as err:  # noqa: BLE001 - a refusal or out of memory: the pruned model is saved
             missing = first_line(err)
+            if not isinstance(err, ModelError):
+                missing = f"{type(err).__name__}: {missing}"
             print(f"warning: no stock copy for sentence-transformers: {missing}", file=sys.stderr)
     save_model(model.encoder, tokenizer, folder, {**meta, "pooling": asdict(p)})
     st_config = {"max_seq_length": p.max_length, "do_lower_case": p.lower_case}

@@ -151,6 +151,25 @@ def test_a_failed_stock_copy_still_saves_the_pruned_folder_and_says_why(tiny_ber
     assert torch.allclose(embed(again, tok, TEXTS), embed(model, tok, TEXTS), atol=1e-6)
 
 
+def test_a_stock_copy_that_runs_out_of_memory_does_not_cost_the_saved_folder(tiny_bert, tmp_path, monkeypatch,
+                                                                            capsys):
+    import compress.pruning.stock_copy as stock_module
+    from compress.pruning.structured import remove_structured
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    remove_structured(model.encoder, [[0, 2], [1, 2, 3]], [list(range(0, 64, 2)), list(range(40))])
+
+    def out_of_memory(encoder):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB\nmore detail")
+
+    monkeypatch.setattr(stock_module, "stock_copy", out_of_memory)
+    why = save_sentence_transformer(model, tok, tmp_path / "pruned", {"task": "embedding"})
+    assert why == "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"
+    assert why in capsys.readouterr().err
+    again, _, _ = load_sentence_encoder(str(tmp_path / "pruned"))
+    assert torch.allclose(embed(again, tok, TEXTS), embed(model, tok, TEXTS), atol=1e-6)
+
+
 def test_an_unpruned_encoder_is_saved_once_for_sentence_transformers(tiny_bert, tmp_path):
     model, tok, _ = load_sentence_encoder(str(tiny_bert))
     save_sentence_transformer(model, tok, tmp_path / "dense", {"task": "embedding"})

@@ -104,3 +104,23 @@ def test_stock_copy_computes_the_pruned_model_across_types(model_type):
 def test_a_model_that_is_not_structured_pruned_is_refused():
     with pytest.raises(ModelError, match="not a structured-pruned model"):
         stock_copy(_tiny_bert())
+
+
+@torch.no_grad()
+def test_bigbird_stock_copy_keeps_block_sparse_attention_after_its_check():
+    """The copy's own check runs a short batch, on which BigBird switches to full attention for
+    good; the returned copy is still block-sparse and equals the pruned model on a long input."""
+    import transformers
+
+    from tests.unit.test_role_discovery import TINY
+
+    config = transformers.BigBirdConfig(**{k: v for k, v in TINY.items() if k != "num_key_value_heads"},
+                                        block_size=2, num_random_blocks=1)
+    torch.manual_seed(0)
+    model = transformers.BigBirdForSequenceClassification(config).eval()
+    remove_structured(model, [[1, 2, 3], [0, 2]], [list(range(37)), list(range(0, 37, 2))])
+    stock = stock_copy(model).eval()
+    for layer in stock.base_model.encoder.layer:
+        assert type(layer.attention.self).__name__ == "BigBirdBlockSparseAttention"
+    long = {"input_ids": torch.randint(5, 120, (2, 40), generator=torch.Generator().manual_seed(1))}
+    assert torch.allclose(model(**long).logits, stock(**long).logits, atol=1e-5)
