@@ -36,14 +36,19 @@ def load_embedding_model(spec: str) -> tuple[SentenceEncoder, Any]:
     return model, tokenizer
 
 
-def embed_texts(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: int = 128
-                ) -> torch.Tensor:
-    """(len(texts), hidden) float32 embeddings on the CPU, as sentence-transformers would give them."""
+def embed_texts(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: int = 128,
+                prompt: str | None = None) -> torch.Tensor:
+    """(len(texts), hidden) float32 embeddings on the CPU, as sentence-transformers' ``encode`` gives
+    them: ``prompt`` before each text, the model's default prompt when None (``model.prompts.query``
+    and ``model.prompts.document`` are those of ``encode_query`` and ``encode_document``)."""
     from compress.embedding.model import embed
 
     check.check_module("model", model)
     check.check_int("batch_size", batch_size, 1)
-    return embed(model, tokenizer, _texts(texts), batch_size)
+    if prompt is not None and not isinstance(prompt, str):
+        raise UsageError(f"prompt must be a string or None, not {type(prompt).__name__}")
+    prefix = model.prompts.other if prompt is None else prompt
+    return embed(model, tokenizer, [prefix + t for t in _texts(texts)], batch_size)
 
 
 def _texts(texts: Sequence[str]) -> list[str]:

@@ -6,6 +6,11 @@ l2 normalisation (a ``Normalize`` module in ``modules.json``), with the tokenize
 Dense modules after the pooling (LaBSE-style projections) are loaded with sentence-transformers' own
 ``Dense`` class and run after the pooling, before the normalisation; they are not pruned.
 
+Prompts (``config_sentence_transformers.json``: E5's ``"query: "`` and ``"passage: "``, BGE's query
+instruction) are read as ``Prompts`` and kept in what is saved; the scores put the query prompt
+before each question, the document prompt before each candidate sentence and the default prompt
+before any other scored text, as ``encode_query``, ``encode_document`` and ``encode`` do.
+
 ``load_sentence_encoder(spec)`` reads that description from the model folder (or hub repository);
 a plain encoder folder without it gets mean pooling and normalisation, the usual choice, and says
 so in ``pooling.source``. ``save_sentence_transformer`` writes the same files beside the weights,
@@ -32,6 +37,9 @@ POOLING_MODES = ("mean", "cls", "max")
 MODULES_FILE = "modules.json"
 POOLING_DIR = "1_Pooling"
 ST_CONFIG = "sentence_bert_config.json"
+ST_MODEL_CONFIG = "config_sentence_transformers.json"
+KEPT_MODEL_CONFIG = ("prompts", "default_prompt_name", "similarity_fn_name")  # written back on save
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 STOCK_DIR = "0_Transformer"  # a structured model's stock copy: the Transformer sentence-transformers loads
 ST_MODULE = "sentence_transformers.models."
 DEFAULT_MAX_LENGTH = 256
@@ -55,6 +63,25 @@ class Pooling:
             raise ModelError(f"pooling mode '{self.mode}' is not one of {', '.join(POOLING_MODES)}")
 
 
+@dataclass(frozen=True)
+class Prompts:
+    """What goes before a text: ``query`` before a search query, ``document`` before a candidate
+    (the first non-empty of the document, passage and corpus prompts), ``other`` before any other
+    text (the default prompt)."""
+
+    query: str = ""
+    document: str = ""
+    other: str = ""
+
+    @classmethod
+    def of(cls, model_config: dict) -> Prompts:
+        """The prompts of a ``config_sentence_transformers.json`` (its kept keys)."""
+        prompts = {k: v for k, v in (model_config.get("prompts") or {}).items() if isinstance(v, str)}
+        other = prompts.get(model_config.get("default_prompt_name") or "", "")
+        document = next((prompts[n] for n in DOCUMENT_PROMPT_NAMES if prompts.get(n)), "")
+        return cls(prompts.get("query", ""), document, other)
+
+
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     """(B, T, H) token states and (B, T) attention mask -> (B, H)."""
     if mode == "cls":
@@ -69,11 +96,17 @@ class SentenceEncoder(nn.Module):
     """texts' token ids -> (B, D) sentence embeddings; ``encoder`` is a Hugging Face ``AutoModel``,
     ``dense`` the sentence-transformers ``Dense`` modules after the pooling, by their folder name."""
 
-    def __init__(self, encoder: nn.Module, pooling: Pooling, dense: dict[str, nn.Module] | None = None):
+    def __init__(self, encoder: nn.Module, pooling: Pooling, dense: dict[str, nn.Module] | None = None,
+                 model_config: dict | None = None):
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
         self.dense = nn.ModuleDict(dense or {})
+        self.model_config = dict(model_config or {})  # prompts, default prompt, similarity (kept keys)
+
+    @property
+    def prompts(self) -> Prompts:
+        return Prompts.of(self.model_config)
 
     @property
     def config(self):
@@ -141,10 +174,26 @@ def read_pooling(path: str) -> Pooling:
     if len(modes) != 1 or others:
         raise ModelError(f"{path}: pooling {cfg} is not one of mean, cls or max alone; this project runs "
                          "those three")
+    if cfg.get("include_prompt") is False:
+        raise ModelError(f"{path}: its pooling leaves the prompt's tokens out (include_prompt false, "
+                         "an INSTRUCTOR-style model); this project pools every token, so use a model "
+                         "that pools its prompt")
     st_cfg_file = _st_file(path, ST_CONFIG)
     st_cfg = _read_json(st_cfg_file, ST_CONFIG) if st_cfg_file else {}
     return Pooling(modes[0], "Normalize" in kinds, int(st_cfg.get("max_seq_length") or DEFAULT_MAX_LENGTH),
                    "sentence-transformers config", bool(st_cfg.get("do_lower_case", False)))
+
+
+def read_model_config(path: str) -> dict:
+    """The kept keys (prompts, default prompt name, similarity) of the model's
+    ``config_sentence_transformers.json``; empty without one."""
+    cfg_file = _st_file(path, ST_MODEL_CONFIG)
+    cfg = _read_json(cfg_file, ST_MODEL_CONFIG) if cfg_file else {}
+    prompts = cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ModelError(f"{path}: the prompts of {ST_MODEL_CONFIG} are not a name -> text mapping; "
+                         "copy the model folder again")
+    return {k: cfg[k] for k in KEPT_MODEL_CONFIG if cfg.get(k)}
 
 
 def load_sentence_encoder(spec: str, **kwargs):
@@ -164,7 +213,8 @@ def load_sentence_encoder(spec: str, **kwargs):
     pooling = read_pooling(path)
     encoder = load_pretrained(AutoModel, spec, path, "an encoder", **kwargs)
     tokenizer = match_tokenizer_inputs(load_tokenizer(spec), encoder)
-    return SentenceEncoder(encoder, pooling, read_dense(path)), tokenizer, read_meta(path)
+    model = SentenceEncoder(encoder, pooling, read_dense(path), read_model_config(path))
+    return model, tokenizer, read_meta(path)
 
 
 def read_dense(path: str) -> dict[str, nn.Module]:
@@ -215,8 +265,9 @@ def embed(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: i
 def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, meta: dict) -> str | None:
     """The encoder in Hugging Face format (``compress.models.loading.save_model``: weights, tokenizer,
     ``compress.json``) plus the ``sentence-transformers`` files: ``modules.json``, the pooling
-    config, ``sentence_bert_config.json`` and, with normalisation, a ``2_Normalize`` folder. The
-    model card (``README.md``) is the caller's (``compress.report.modelcard.write_model_card``).
+    config, ``sentence_bert_config.json``, ``config_sentence_transformers.json`` (the prompts) and,
+    with normalisation, a ``2_Normalize`` folder. The model card (``README.md``) is the caller's
+    (``compress.report.modelcard.write_model_card``).
 
     A structured-pruned encoder, whose layers stock transformers cannot build at their sizes, is
     also written as its stock copy (``compress.pruning.stock_copy``: removed units zero, the same
@@ -269,6 +320,6 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
                    "pooling_mode_cls_token": p.mode == "cls", "pooling_mode_mean_tokens": p.mode == "mean",
                    "pooling_mode_max_tokens": p.mode == "max", "pooling_mode_mean_sqrt_len_tokens": False}
     for path, data in ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
-                       (folder / ST_CONFIG, st_config)):
+                       (folder / ST_CONFIG, st_config), (folder / ST_MODEL_CONFIG, model.model_config)):
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return missing

@@ -42,6 +42,7 @@ def eval_embedding(cfg) -> dict:
     data = load_eval_data(cfg)
     model, tokenizer, meta = load_sentence_encoder(cfg.model)
     refuse_non_embedding_model(meta, cfg.model)
+    data = data.with_prompts(model.prompts)
     if torch.cuda.is_available():
         model.to("cuda")
     with RunDir("eval", name=EMBEDDING_TASK, out=cfg.out) as run:
@@ -91,6 +92,7 @@ def onnx_embedding_report(loaded, fp32_path, final_path, target: str, data: Embe
 
     model = loaded.model
     tokenizer = load_tokenizer(loaded.path)
+    data = data.with_prompts(model.prompts)
     length = max_length or model.pooling.max_length
     torch_scores, reference = embedding_scores(encoder_scorer(model, tokenizer, 64, length), data)
     out: dict = {"task": EMBEDDING_TASK, "metric": "p@1", "max_length": length, "torch": torch_scores}

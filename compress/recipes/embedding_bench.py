@@ -10,7 +10,8 @@ and, at the same width, the cosine of its embeddings to the baseline's.
 
 The timed texts are the first ``--timed-texts`` held-out texts of the task (questions and candidate
 sentences, never calibrated or distilled on); each round times every entry in turn on all of them,
-and the median round is reported.
+and the median round is reported. Each entry reads the texts with its own prompts (a graph its
+source model's, a static student none).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import ModelError, UsageError
 from compress.core.runs import RunDir, write_json
+from compress.embedding.model import Prompts
 from compress.embedding.scores import embedding_scores
 from compress.recipes.bench import parse_entry
 from compress.recipes.embedding import encoder_scorer, load_eval_data, onnx_scorer
@@ -81,8 +83,10 @@ def _export_source(onnx_path: str) -> str:
                          "export the model with 'compress export MODEL --task embedding'") from None
 
 
-def load_entry(path: str, cfg: EmbeddingBenchConfig) -> tuple[str, Callable[[list[str]], torch.Tensor]]:
-    """(kind, encode) of one entry."""
+def load_entry(path: str, cfg: EmbeddingBenchConfig
+               ) -> tuple[str, Callable[[list[str]], torch.Tensor], Prompts]:
+    """(kind, encode, prompts) of one entry: a graph has its source model's prompts, a static student
+    none."""
     from compress.embedding.model import load_sentence_encoder
     from compress.models.loading import load_tokenizer
     from students.static_embedding import CONFIG_FILE, StaticEmbeddingStudent, encode_static
@@ -91,22 +95,23 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig) -> tuple[str, Callable[[lis
     if path.endswith(".onnx"):
         if not p.is_file():
             raise ModelError(f"ONNX file not found: {p}")
-        from compress.embedding.model import read_pooling
+        from compress.embedding.model import read_model_config, read_pooling
         from compress.models.loading import resolve_model
 
-        source = _export_source(path)
-        lower = read_pooling(resolve_model(source)).lower_case
-        return "onnx", onnx_scorer(p, load_tokenizer(source), cfg.max_length, cfg.provider, cfg.batch_size,
-                                   lower)
+        source = resolve_model(_export_source(path))
+        lower = read_pooling(source).lower_case
+        return "onnx", onnx_scorer(p, load_tokenizer(_export_source(path)), cfg.max_length, cfg.provider,
+                                   cfg.batch_size, lower), Prompts.of(read_model_config(source))
     folder = next((f for f in (p / "student", p) if (f / CONFIG_FILE).is_file()), None)
     if folder is not None:
         from transformers import AutoTokenizer
 
         student = StaticEmbeddingStudent.load(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)  # the teacher's, saved beside the vectors
-        return "static", lambda t: encode_static(student, tokenizer, t, cfg.max_length, cfg.batch_size)
+        return ("static", lambda t: encode_static(student, tokenizer, t, cfg.max_length, cfg.batch_size),
+                Prompts())
     model, tokenizer, _ = load_sentence_encoder(path)
-    return "torch", encoder_scorer(model, tokenizer, cfg.batch_size, cfg.max_length)
+    return "torch", encoder_scorer(model, tokenizer, cfg.batch_size, cfg.max_length), model.prompts
 
 
 def run_embedding_bench(cfg: EmbeddingBenchConfig) -> dict[str, Any]:
@@ -115,22 +120,25 @@ def run_embedding_bench(cfg: EmbeddingBenchConfig) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     loaded = [(label, path, *load_entry(path, cfg)) for label, path in entries]
-    texts = data.heldout_texts()[:cfg.timed_texts]
+    prompted = [data.with_prompts(prompts) for *_, prompts in loaded]  # each entry's own inputs
+    timed = [d.heldout_texts()[:cfg.timed_texts] for d in prompted]
+    texts = timed[0]
     with RunDir("bench", name=cfg.name or "embedding-bench", out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(None)
         rows = []
         reference = None
-        for label, path, kind, encode in loaded:
+        for (label, path, kind, encode, _), own in zip(loaded, prompted):
             encode(texts[:cfg.batch_size])  # warm-up
-            scores, emb = embedding_scores(encode, data, reference if reference is not None
-                                           and reference.shape[1] == _width(encode) else None)
+            scores, emb = embedding_scores(encode, own, reference if reference is not None
+                                           and reference.shape == (len(own.heldout_texts()), _width(encode))
+                                           else None)
             reference = emb if reference is None else reference
             rows.append({"label": label, "model": path, "kind": kind, "scores": scores, "seconds": []})
         for _ in range(cfg.rounds):
-            for row, (_, _, _, encode) in zip(rows, loaded):
+            for row, (_, _, _, encode, _), own_texts in zip(rows, loaded, timed):
                 t0 = time.perf_counter()
-                encode(texts)
+                encode(own_texts)
                 row["seconds"].append(time.perf_counter() - t0)
         base = len(texts) / statistics.median(rows[0]["seconds"])
         for row in rows:

@@ -86,8 +86,8 @@ def check_sentence_transformers(folder: Path, texts: list[str], expected: torch.
         from sentence_transformers import SentenceTransformer
     except ImportError:
         return {"checked": False, "reason": "sentence-transformers is not installed"}
-    st = SentenceTransformer(str(folder), device="cpu")
-    got = torch.as_tensor(st.encode(texts, batch_size=32, convert_to_numpy=True))
+    st = SentenceTransformer(str(folder), device="cpu")  # texts carry their prompts: none added
+    got = torch.as_tensor(st.encode(texts, batch_size=32, convert_to_numpy=True, prompt=""))
     diff = float((got - expected).abs().max())
     return {"checked": True, "texts": len(texts), "max_abs_diff": diff, "equal_to_1e-5": diff <= 1e-5}
 
@@ -104,6 +104,7 @@ def prune_post_training_embedding(cfg: PruneConfig) -> Path:
     model, tokenizer, meta = load_sentence_encoder(cfg.model)
     refuse_non_embedding_model(meta, cfg.model)
     check_finite_parameters(model, cfg.model)
+    data = data.with_prompts(model.prompts)
     targets, initial = post_training_targets(cfg, model.encoder)
     max_length = min(cfg.max_length, model.pooling.max_length)
     dense_model = copy.deepcopy(model).eval() if cfg.recovery_steps else None

@@ -111,6 +111,7 @@ def run_static_distill(cfg: StaticDistillConfig) -> Path:
     texts = unlabelled_text(opts, cfg.calibration_data) if cfg.weighting == "text" else []
     teacher, tokenizer, meta = load_sentence_encoder(cfg.teacher)
     refuse_non_embedding_model(meta, cfg.teacher)
+    data = data.with_prompts(teacher.prompts)  # the student and the peer read the teacher's inputs
     with RunDir("distill", name=cfg.name or f"{EMBEDDING_TASK}-static-{cfg.dims}", out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)

@@ -9,7 +9,8 @@ unlabelled text it is calibrated and distilled on.
   WikiText-2 (``<data-dir>/wikitext2/wiki.test.raw``, or the hub's raw train split); paragraphs are
   cut into sentences with Punkt, headings dropped. Nothing of it is scored.
 
-The scored texts (questions, candidate sentences, pair sentences) are also the held-out text of the
+A model with prompts is scored with them (``EmbeddingEval.with_prompts``). The scored texts
+(questions, candidate sentences, pair sentences, prompts included) are also the held-out text of the
 cosine between a compressed model's and its original's embeddings: none of them is calibrated or
 distilled on.
 """
@@ -17,7 +18,7 @@ distilled on.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from compress.core.errors import DataError
@@ -42,6 +43,21 @@ class EmbeddingEval:
 
     def __len__(self) -> int:
         return len(self.reqa)
+
+    def with_prompts(self, prompts) -> EmbeddingEval:
+        """The same sets with a model's prompts (``compress.embedding.model.Prompts``) before each text:
+        the query prompt before the questions, the document prompt before the candidate sentences,
+        the default prompt before the pair sentences."""
+        if not (prompts.query or prompts.document or prompts.other):
+            return self
+        r = self.reqa
+        reqa = replace(r, questions=[prompts.query + q for q in r.questions],
+                       sentences=[prompts.document + t for t in r.sentences])
+        pairs = self.pairs
+        if pairs is not None and prompts.other:
+            pairs = replace(pairs, texts=[prompts.other + t for t in pairs.texts],
+                            pairs=None if pairs.pairs is None else [prompts.other + t for t in pairs.pairs])
+        return EmbeddingEval(reqa, pairs)
 
     def heldout_texts(self) -> list[str]:
         """Every distinct scored text, in a fixed order."""

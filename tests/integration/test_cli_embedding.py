@@ -59,6 +59,43 @@ def test_eval_scores_the_model_as_is(tiny_bert, data_dir, tmp_path):
     assert "ReQA P@1" in r.stdout
 
 
+def test_a_prompted_model_is_scored_and_saved_with_its_prompts(tiny_bert, data_dir, tmp_path):
+    """E5-style prompts: the CLI's ReQA scores equal those of sentence-transformers' own
+    encode_query / encode_document, and the pruned folder keeps the prompts."""
+    import shutil
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from compress.retrieval.metrics import order_from_scores, retrieval_metrics
+    from compress.tasks.base import DataOptions
+    from compress.tasks.embedding import load_embedding_eval
+    from tests.unit.test_embedding import write_st_config
+
+    folder = tmp_path / "e5"
+    shutil.copytree(tiny_bert, folder)
+    write_st_config(folder, "mean", normalize=True)
+    prompts = {"query": "query: ", "document": "passage: "}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": prompts}))
+    r = run_cli("eval", "--task", "embedding", "--model", str(folder), "--data-dir", str(data_dir),
+                "--out", str(tmp_path / "ev"))
+    assert r.returncode == 0, r.stderr
+    got = _summary(tmp_path / "ev")["eval"]["reqa"]
+    st = SentenceTransformer(str(folder), device="cpu")
+    reqa = load_embedding_eval(DataOptions(data_dir)).reqa
+    cos = np.asarray(st.encode_query(reqa.questions)) @ np.asarray(st.encode_document(reqa.sentences)).T
+    want = retrieval_metrics(order_from_scores(cos), reqa.gold)
+    assert got["mrr"] == pytest.approx(want["mrr"], abs=1e-6) and got["p@1"] == pytest.approx(want["p@1"])
+    run = tmp_path / "pruned"
+    r = run_cli("prune", "--stage", "post-training", "--task", "embedding", "--model", str(folder),
+                "--criterion", "magnitude", "--sparsity", "0.3", "--data-dir", str(data_dir),
+                "--out", str(run), *FAST)
+    assert r.returncode == 0, r.stderr
+    assert _summary(run)["sentence_transformers"]["equal_to_1e-5"] is True
+    saved = json.loads((run / "model" / "config_sentence_transformers.json").read_text())
+    assert saved["prompts"] == prompts
+
+
 def test_sparsegpt_with_distillation_keeps_masks_and_saves_a_sentence_transformers_folder(
         tiny_bert, data_dir, tmp_path):
     from sentence_transformers import SentenceTransformer

@@ -441,3 +441,63 @@ def test_an_embedding_export_gets_its_encoders_attention_fusion(tiny_bert):
     model_type, why = optimizer_model_type(loaded)
     assert model_type == "bert", why
     assert attention_executions(loaded) == 2
+
+
+E5_PROMPTS = {"prompts": {"query": "query: ", "document": "", "passage": "passage: "},
+              "default_prompt_name": "query", "similarity_fn_name": "cosine"}
+
+
+def test_prompts_are_read_as_sentence_transformers_names_them():
+    from compress.embedding.model import Prompts
+
+    assert Prompts.of(E5_PROMPTS) == Prompts("query: ", "passage: ", "query: ")  # empty document skipped
+    assert Prompts.of({"prompts": {"query": "Represent this: "}}) == Prompts("Represent this: ", "", "")
+    assert Prompts.of({"prompts": {"corpus": "c: ", "document": "d: "}}) == Prompts("", "d: ", "")
+    assert Prompts.of({}) == Prompts()
+
+
+def test_scored_sets_carry_the_prompts_by_role():
+    from compress.embedding.model import Prompts
+
+    data = tiny_eval().with_prompts(Prompts("q: ", "d: ", "o: "))
+    assert data.reqa.questions == ["q: Q0", "q: Q1"] and data.reqa.sentences == ["d: S0", "d: S1", "d: S2"]
+    assert data.pairs.texts == ["o: A", "o: B", "o: C"] and data.pairs.pairs == ["o: A2", "o: B2", "o: C2"]
+    assert data.reqa.gold == tiny_eval().reqa.gold
+    assert tiny_eval().with_prompts(Prompts()).reqa.questions == ["Q0", "Q1"]
+
+
+def test_prompts_are_kept_in_the_saved_folder_and_match_encode_query_and_document(st_folder, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    import compress
+
+    (st_folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {**E5_PROMPTS, "__version__": {"sentence_transformers": "5.0.0"}}))
+    model, tok, _ = load_sentence_encoder(str(st_folder))
+    assert model.model_config == E5_PROMPTS  # the version block is not carried
+    save_sentence_transformer(model, tok, tmp_path / "saved", {"task": "embedding"})
+    st = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert st.prompts["passage"] == "passage: " and st.default_prompt_name == "query"
+    again, _, _ = load_sentence_encoder(str(tmp_path / "saved"))
+    assert again.prompts == model.prompts
+    q = torch.as_tensor(st.encode_query(TEXTS))
+    assert torch.allclose(q, embed(model, tok, ["query: " + t for t in TEXTS]), atol=1e-5)
+    d = torch.as_tensor(st.encode_document(TEXTS, prompt_name="passage"))
+    assert torch.allclose(d, embed(model, tok, ["passage: " + t for t in TEXTS]), atol=1e-5)
+    plain = compress.embed_texts(model, tok, TEXTS)
+    assert torch.allclose(torch.as_tensor(st.encode(TEXTS)), plain, atol=1e-5)
+    assert not torch.allclose(q, embed(model, tok, TEXTS), atol=1e-3)  # the prompt changes the embedding
+
+
+def test_bad_prompt_configs_are_refused_in_one_line(st_folder):
+    (st_folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": ["query: "]}))
+    with pytest.raises(ModelError, match="not a name -> text mapping"):
+        load_sentence_encoder(str(st_folder))
+    (st_folder / "config_sentence_transformers.json").write_text("{")
+    with pytest.raises(ModelError, match="not readable JSON"):
+        load_sentence_encoder(str(st_folder))
+    (st_folder / "config_sentence_transformers.json").unlink()
+    cfg = json.loads((st_folder / "1_Pooling" / "config.json").read_text())
+    (st_folder / "1_Pooling" / "config.json").write_text(json.dumps({**cfg, "include_prompt": False}))
+    with pytest.raises(ModelError, match="include_prompt false"):
+        read_pooling(str(st_folder))
