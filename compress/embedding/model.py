@@ -151,8 +151,23 @@ def _st_file(path: str, name: str) -> Path | None:
         return None
 
 
+def st_root(path: str) -> str:
+    """The folder of the sentence-transformers files of the encoder at ``path``: its parent where
+    the parent's ``modules.json`` keeps the encoder in that subfolder, else ``path`` itself."""
+    from compress.models.loading import st_transformer_folder
+
+    p = Path(path)
+    if p.is_dir():
+        sub = st_transformer_folder(p.resolve().parent)
+        if sub is not None and sub == p.resolve():
+            return str(sub.parent)
+    return path
+
+
 def read_pooling(path: str) -> Pooling:
-    """The pooling ``sentence-transformers`` would use for the model at ``path`` (a folder or hub id)."""
+    """The pooling ``sentence-transformers`` would use for the model at ``path`` (a folder or hub id;
+    ``sentence_bert_config.json`` is read beside the encoder, the rest in ``st_root(path)``)."""
+    encoder_path, path = path, st_root(path)
     modules_file = _st_file(path, MODULES_FILE)
     if modules_file is None:
         return Pooling()
@@ -178,15 +193,25 @@ def read_pooling(path: str) -> Pooling:
         raise ModelError(f"{path}: its pooling leaves the prompt's tokens out (include_prompt false, "
                          "an INSTRUCTOR-style model); this project pools every token, so use a model "
                          "that pools its prompt")
-    st_cfg_file = _st_file(path, ST_CONFIG)
+    st_cfg_file = _st_file(encoder_path, ST_CONFIG)
     st_cfg = _read_json(st_cfg_file, ST_CONFIG) if st_cfg_file else {}
-    return Pooling(modes[0], "Normalize" in kinds, int(st_cfg.get("max_seq_length") or DEFAULT_MAX_LENGTH),
-                   "sentence-transformers config", bool(st_cfg.get("do_lower_case", False)))
+    max_length = st_cfg.get("max_seq_length") or _tokenizer_max_length(encoder_path) or DEFAULT_MAX_LENGTH
+    return Pooling(modes[0], "Normalize" in kinds, int(max_length), "sentence-transformers config",
+                   bool(st_cfg.get("do_lower_case", False)))
+
+
+def _tokenizer_max_length(path: str) -> int | None:
+    """The tokenizer's ``model_max_length``, where sentence-transformers 6 keeps ``max_seq_length``
+    (None when unset or the tokenizer's 'no limit' placeholder)."""
+    cfg_file = _st_file(path, "tokenizer_config.json")
+    value = (_read_json(cfg_file, "tokenizer config") if cfg_file else {}).get("model_max_length")
+    return int(value) if isinstance(value, (int, float)) and 0 < value <= 1_000_000 else None
 
 
 def read_model_config(path: str) -> dict:
     """The kept keys (prompts, default prompt name, similarity) of the model's
     ``config_sentence_transformers.json``; empty without one."""
+    path = st_root(path)
     cfg_file = _st_file(path, ST_MODEL_CONFIG)
     cfg = _read_json(cfg_file, ST_MODEL_CONFIG) if cfg_file else {}
     prompts = cfg.get("prompts") or {}
@@ -220,6 +245,7 @@ def load_sentence_encoder(spec: str, **kwargs):
 def read_dense(path: str) -> dict[str, nn.Module]:
     """The ``Dense`` modules of the pipeline at ``path`` by folder name (none without modules.json),
     loaded by sentence-transformers itself."""
+    path = st_root(path)
     modules_file = _st_file(path, MODULES_FILE)
     if modules_file is None:
         return {}

@@ -31,14 +31,15 @@ def resolve_model(spec: str) -> str:
     """Return a local folder or a hub id for ``spec``.
 
     ``minilm`` -> the packaged all-MiniLM-L6-v2; a run folder of this project -> its ``model/``;
-    a folder with ``config.json`` -> itself; a name like ``org/model`` -> the hub id, unchanged.
+    a folder with ``config.json`` -> itself; a sentence-transformers folder keeping its encoder in a
+    subfolder (``modules.json``) -> that subfolder; a name like ``org/model`` -> the hub id, unchanged.
     """
     if spec in PACKAGED:
         return str(packaged_model_path(spec))
     p = Path(spec).expanduser()
     if p.is_dir():
-        for folder in (p / "model", p):
-            if (folder / "config.json").is_file():
+        for folder in (p / "model", p, st_transformer_folder(p)):
+            if folder is not None and (folder / "config.json").is_file():
                 check_safetensors_folder(folder)
                 return str(folder)
         raise ModelError(f"{p} is neither a model folder (config.json) nor a run folder (model/); "
@@ -51,6 +52,17 @@ def resolve_model(spec: str) -> str:
         raise ModelError(f"model folder not found: {spec} (check the path, or use 'minilm')")
     check_hub_reachable(spec)
     return spec  # a hub id
+
+
+def st_transformer_folder(folder: Path) -> Path | None:
+    """The encoder's folder of a sentence-transformers folder whose ``modules.json`` keeps it in a
+    subfolder (as sentence-transformers 1 saved them), else None."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+        sub = next(m.get("path", "") for m in modules if str(m.get("type", "")).endswith("Transformer"))
+    except (OSError, ValueError, StopIteration, AttributeError, TypeError):
+        return None
+    return folder / sub if sub and (folder / sub / "config.json").is_file() else None
 
 
 HUB_HOST = "huggingface.co"

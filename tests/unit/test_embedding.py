@@ -501,3 +501,41 @@ def test_bad_prompt_configs_are_refused_in_one_line(st_folder):
     (st_folder / "1_Pooling" / "config.json").write_text(json.dumps({**cfg, "include_prompt": False}))
     with pytest.raises(ModelError, match="include_prompt false"):
         read_pooling(str(st_folder))
+
+
+def _st_saved(tiny_bert, folder: Path, max_seq_length: int):
+    """A folder saved by sentence-transformers itself (its length limit in the tokenizer config)."""
+    from sentence_transformers import SentenceTransformer, models
+
+    module = models.Transformer(str(tiny_bert), max_seq_length=max_seq_length)
+    SentenceTransformer(modules=[module, models.Pooling(32, "mean"), models.Normalize()]).save(str(folder))
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+LONG_TEXTS = ["the cat sat on the mat " * 20, "stocks fell sharply today"]
+
+
+def test_a_folder_saved_by_sentence_transformers_6_keeps_its_length_limit(tiny_bert, tmp_path):
+    st = _st_saved(tiny_bert, tmp_path / "st", 16)
+    assert "max_seq_length" not in json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())
+    model, tok, _ = load_sentence_encoder(str(tmp_path / "st"))
+    assert model.pooling.max_length == 16
+    assert torch.allclose(embed(model, tok, LONG_TEXTS), torch.as_tensor(st.encode(LONG_TEXTS)), atol=1e-5)
+
+
+def test_a_folder_keeping_its_encoder_in_a_subfolder_is_read_there(tiny_bert, tmp_path):
+    """sentence-transformers 1 saved the Transformer in ``0_Transformer/``, named by modules.json."""
+    import shutil
+
+    folder = tmp_path / "st"
+    st = _st_saved(tiny_bert, folder, 16)
+    (folder / "0_Transformer").mkdir()
+    for f in list(folder.iterdir()):
+        if f.is_file() and f.name not in ("modules.json", "config_sentence_transformers.json", "README.md"):
+            shutil.move(str(f), folder / "0_Transformer" / f.name)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    model, tok, _ = load_sentence_encoder(str(folder))
+    assert model.pooling == Pooling("mean", True, 16, "sentence-transformers config")
+    assert torch.allclose(embed(model, tok, LONG_TEXTS), torch.as_tensor(st.encode(LONG_TEXTS)), atol=1e-5)
