@@ -11,7 +11,7 @@ and, at the same width, the cosine of its embeddings to the baseline's.
 The timed texts are the first ``--timed-texts`` held-out texts of the task (questions and candidate
 sentences, never calibrated or distilled on); each round times every entry in turn on all of them,
 and the median round is reported. Each entry reads the texts with its own prompts (a graph its
-source model's, a static student none).
+source model's, a static student its teacher's).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def _export_source(onnx_path: str) -> str:
 def load_entry(path: str, cfg: EmbeddingBenchConfig
                ) -> tuple[str, Callable[[list[str]], torch.Tensor], Prompts]:
     """(kind, encode, prompts) of one entry: a graph has its source model's prompts, a static student
-    none."""
-    from compress.embedding.model import load_sentence_encoder
+    its teacher's."""
+    from compress.embedding.model import load_sentence_encoder, read_model_config
     from compress.models.loading import load_tokenizer
     from students.static_embedding import CONFIG_FILE, StaticEmbeddingStudent, encode_static
 
@@ -95,7 +95,7 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
     if path.endswith(".onnx"):
         if not p.is_file():
             raise ModelError(f"ONNX file not found: {p}")
-        from compress.embedding.model import read_model_config, read_pooling
+        from compress.embedding.model import read_pooling
         from compress.models.loading import resolve_model
 
         source = resolve_model(_export_source(path))
@@ -109,7 +109,7 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
         student = StaticEmbeddingStudent.load(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)  # the teacher's, saved beside the vectors
         return ("static", lambda t: encode_static(student, tokenizer, t, cfg.max_length, cfg.batch_size),
-                Prompts())
+                Prompts.of(read_model_config(str(folder))))
     model, tokenizer, _ = load_sentence_encoder(path)
     return "torch", encoder_scorer(model, tokenizer, cfg.batch_size, cfg.max_length), model.prompts
 

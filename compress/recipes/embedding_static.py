@@ -20,9 +20,9 @@ import torch
 
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import UsageError
-from compress.core.runs import RunDir
+from compress.core.runs import RunDir, write_json
 from compress.distill.static_embedding import DEFAULT_DIMS, SIF_COEFFICIENT, WEIGHTINGS, distil_static
-from compress.embedding.model import load_sentence_encoder
+from compress.embedding.model import ST_MODEL_CONFIG, load_sentence_encoder
 from compress.embedding.scores import brief, embedding_scores
 from compress.recipes.embedding import encoder_scorer, load_eval_data, refuse_non_embedding_model
 from compress.tasks.base import DataOptions, data_dir_from_env
@@ -126,6 +126,8 @@ def run_static_distill(cfg: StaticDistillConfig) -> Path:
         peer = {"skipped": "--no-peer"} if cfg.no_peer else model2vec_peer(resolve_model(cfg.teacher),
                                                                               cfg.dims, data)
         student.save(run.path / "student", tokenizer)
+        if teacher.model_config:  # the teacher's prompts, which the student was scored with
+            write_json(run.path / "student" / ST_MODEL_CONFIG, teacher.model_config)
         run.write_summary({"command": "distill", "task": EMBEDDING_TASK, "student": STATIC_STUDENT,
                            "teacher": cfg.teacher, "metric": "p@1", "static": report,
                            "eval": student_scores, "teacher_eval": teacher_scores, "model2vec": peer})

@@ -94,6 +94,14 @@ def test_a_prompted_model_is_scored_and_saved_with_its_prompts(tiny_bert, data_d
     assert _summary(run)["sentence_transformers"]["equal_to_1e-5"] is True
     saved = json.loads((run / "model" / "config_sentence_transformers.json").read_text())
     assert saved["prompts"] == prompts
+    static = tmp_path / "static"
+    r = run_cli("distill", "--task", "embedding", "--student", "static", "--teacher", str(folder),
+                "--dims", "8", "--no-peer", "--data-dir", str(data_dir), "--out", str(static))
+    assert r.returncode == 0, r.stderr
+    from compress.recipes.embedding_bench import EmbeddingBenchConfig, load_entry
+
+    kind, _, student_prompts = load_entry(str(static), EmbeddingBenchConfig(models=(str(static),)))
+    assert kind == "static" and (student_prompts.query, student_prompts.document) == ("query: ", "passage: ")
 
 
 def test_sparsegpt_with_distillation_keeps_masks_and_saves_a_sentence_transformers_folder(
