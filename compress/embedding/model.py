@@ -9,7 +9,9 @@ Dense modules after the pooling (LaBSE-style projections) are loaded with senten
 Prompts (``config_sentence_transformers.json``: E5's ``"query: "`` and ``"passage: "``, BGE's query
 instruction) are read as ``Prompts`` and kept in what is saved; the scores put the query prompt
 before each question, the document prompt before each candidate sentence and the default prompt
-before any other scored text, as ``encode_query``, ``encode_document`` and ``encode`` do.
+before any other scored text, as ``encode_query``, ``encode_document`` and ``encode`` do; where a
+model has an empty ``document`` prompt beside a ``passage`` one (E5 under sentence-transformers 6,
+whose ``encode_document`` takes the empty one), the passage prompt its author wrote is used.
 
 ``load_sentence_encoder(spec)`` reads that description from the model folder (or hub repository);
 a plain encoder folder without it gets mean pooling and normalisation, the usual choice, and says
@@ -21,6 +23,7 @@ gives the same embeddings. Pruning applies to ``SentenceEncoder.encoder``, the H
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -130,12 +133,17 @@ class SentenceEncoder(nn.Module):
         return F.normalize(e, dim=-1) if self.pooling.normalize else e
 
 
-def _read_json(path: Path, what: str) -> dict:
+def _read_json(path: Path, what: str, kind: type = dict):
+    """The JSON of ``path``, a ``kind`` (an object, or a list for ``modules.json``); ModelError otherwise."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelError(f"{path}: the {what} is not readable JSON ({type(exc).__name__}); copy the model "
                          "folder again") from None
+    if not isinstance(data, kind) or (kind is list and not all(isinstance(m, dict) for m in data)):
+        shape = "list of objects" if kind is list else "object"
+        raise ModelError(f"{path}: the {what} is not a JSON {shape}; copy the model folder again")
+    return data
 
 
 def _st_file(path: str, name: str) -> Path | None:
@@ -156,11 +164,11 @@ def st_root(path: str) -> str:
     the parent's ``modules.json`` keeps the encoder in that subfolder, else ``path`` itself."""
     from compress.models.loading import st_transformer_folder
 
-    p = Path(path)
+    p = Path(os.path.abspath(path))  # not resolved: a linked encoder folder keeps its parent
     if p.is_dir():
-        sub = st_transformer_folder(p.resolve().parent)
-        if sub is not None and sub == p.resolve():
-            return str(sub.parent)
+        sub = st_transformer_folder(p.parent)
+        if sub is not None and sub == p:
+            return str(p.parent)
     return path
 
 
@@ -171,7 +179,7 @@ def read_pooling(path: str) -> Pooling:
     modules_file = _st_file(path, MODULES_FILE)
     if modules_file is None:
         return Pooling()
-    modules = _read_json(modules_file, MODULES_FILE)
+    modules = _read_json(modules_file, MODULES_FILE, list)
     kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
     dense = ["Dense"] * (len(kinds) - 2 - ("Normalize" in kinds))
     if kinds not in (["Transformer", "Pooling", *dense], ["Transformer", "Pooling", *dense, "Normalize"]):
@@ -201,11 +209,17 @@ def read_pooling(path: str) -> Pooling:
 
 
 def _tokenizer_max_length(path: str) -> int | None:
-    """The tokenizer's ``model_max_length``, where sentence-transformers 6 keeps ``max_seq_length``
-    (None when unset or the tokenizer's 'no limit' placeholder)."""
-    cfg_file = _st_file(path, "tokenizer_config.json")
-    value = (_read_json(cfg_file, "tokenizer config") if cfg_file else {}).get("model_max_length")
-    return int(value) if isinstance(value, (int, float)) and 0 < value <= 1_000_000 else None
+    """Where sentence-transformers 6 keeps ``max_seq_length``: the tokenizer's ``model_max_length``
+    (unless unset or the 'no limit' placeholder), at most the model's ``max_position_embeddings``;
+    None when neither is known."""
+    limits = []
+    for name, key in (("tokenizer_config.json", "model_max_length"),
+                      ("config.json", "max_position_embeddings")):
+        cfg_file = _st_file(path, name)
+        value = (_read_json(cfg_file, name) if cfg_file else {}).get(key)
+        if isinstance(value, (int, float)) and 0 < value <= 1_000_000:
+            limits.append(int(value))
+    return min(limits) if limits else None
 
 
 def read_model_config(path: str) -> dict:
@@ -215,9 +229,14 @@ def read_model_config(path: str) -> dict:
     cfg_file = _st_file(path, ST_MODEL_CONFIG)
     cfg = _read_json(cfg_file, ST_MODEL_CONFIG) if cfg_file else {}
     prompts = cfg.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+    if not isinstance(prompts, dict) or not all(isinstance(v, (str, type(None))) for v in prompts.values()):
         raise ModelError(f"{path}: the prompts of {ST_MODEL_CONFIG} are not a name -> text mapping; "
                          "copy the model folder again")
+    cfg = {**cfg, "prompts": {k: v or "" for k, v in prompts.items()}}  # null reads as "", as ST does
+    default = cfg.get("default_prompt_name")
+    if default is not None and (not isinstance(default, str) or default not in cfg["prompts"]):
+        raise ModelError(f"{path}: {ST_MODEL_CONFIG} names the default prompt {default!r}, which is not "
+                         f"among its prompts {sorted(cfg['prompts'])}; add it or set it to null")
     return {k: cfg[k] for k in KEPT_MODEL_CONFIG if cfg.get(k)}
 
 
@@ -249,7 +268,8 @@ def read_dense(path: str) -> dict[str, nn.Module]:
     modules_file = _st_file(path, MODULES_FILE)
     if modules_file is None:
         return {}
-    dirs = [m["path"] for m in _read_json(modules_file, MODULES_FILE) if m.get("type", "").endswith("Dense")]
+    dirs = [m["path"] for m in _read_json(modules_file, MODULES_FILE, list)
+            if m.get("type", "").endswith("Dense")]
     if not dirs:
         return {}
     from sentence_transformers.models import Dense

@@ -496,6 +496,15 @@ def test_bad_prompt_configs_are_refused_in_one_line(st_folder):
     (st_folder / "config_sentence_transformers.json").write_text("{")
     with pytest.raises(ModelError, match="not readable JSON"):
         load_sentence_encoder(str(st_folder))
+    (st_folder / "config_sentence_transformers.json").write_text("[]")
+    with pytest.raises(ModelError, match="not a JSON object"):
+        load_sentence_encoder(str(st_folder))
+    (st_folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "q: "}, "default_prompt_name": "passage"}))
+    with pytest.raises(ModelError, match="default prompt 'passage'"):
+        load_sentence_encoder(str(st_folder))
+    (st_folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": None}}))
+    assert load_sentence_encoder(str(st_folder))[0].model_config == {"prompts": {"query": ""}}
     (st_folder / "config_sentence_transformers.json").unlink()
     cfg = json.loads((st_folder / "1_Pooling" / "config.json").read_text())
     (st_folder / "1_Pooling" / "config.json").write_text(json.dumps({**cfg, "include_prompt": False}))
@@ -536,6 +545,27 @@ def test_a_folder_keeping_its_encoder_in_a_subfolder_is_read_there(tiny_bert, tm
     modules = json.loads((folder / "modules.json").read_text())
     modules[0]["path"] = "0_Transformer"
     (folder / "modules.json").write_text(json.dumps(modules))
+    want = torch.as_tensor(st.encode(LONG_TEXTS))
     model, tok, _ = load_sentence_encoder(str(folder))
     assert model.pooling == Pooling("mean", True, 16, "sentence-transformers config")
-    assert torch.allclose(embed(model, tok, LONG_TEXTS), torch.as_tensor(st.encode(LONG_TEXTS)), atol=1e-5)
+    assert torch.allclose(embed(model, tok, LONG_TEXTS), want, atol=1e-5)
+    shutil.move(str(folder / "0_Transformer"), tmp_path / "encoder")  # a linked encoder folder
+    (folder / "0_Transformer").symlink_to(tmp_path / "encoder", target_is_directory=True)
+    model, tok, _ = load_sentence_encoder(str(folder))
+    assert model.pooling == Pooling("mean", True, 16, "sentence-transformers config")
+
+
+def test_without_a_length_limit_the_tokenizer_or_position_table_bounds_it_as_in_sentence_transformers(
+        st_folder):
+    from sentence_transformers import SentenceTransformer
+
+    (st_folder / "sentence_bert_config.json").write_text("{}")
+    tok_cfg = json.loads((st_folder / "tokenizer_config.json").read_text())
+    for limit, want in ((100, 100), (8192, 512), (None, 512)):  # the tiny BERT has 512 positions
+        if limit is None:
+            tok_cfg.pop("model_max_length", None)
+        else:
+            tok_cfg["model_max_length"] = limit
+        (st_folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+        assert read_pooling(str(st_folder)).max_length == want
+        assert SentenceTransformer(str(st_folder), device="cpu").max_seq_length == want
