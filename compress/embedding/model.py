@@ -308,6 +308,16 @@ def embed(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_size: i
     return out
 
 
+def _saved_model_config(model: SentenceEncoder) -> dict:
+    """The kept keys of the model's ``config_sentence_transformers.json``, with the document prompt
+    it was scored with also under ``document``, the name ``encode_document`` takes first."""
+    cfg = dict(model.model_config)
+    document = model.prompts.document
+    if document and not cfg.get("prompts", {}).get("document"):
+        cfg["prompts"] = {**cfg.get("prompts", {}), "document": document}
+    return cfg
+
+
 def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, meta: dict) -> str | None:
     """The encoder in Hugging Face format (``compress.models.loading.save_model``: weights, tokenizer,
     ``compress.json``) plus the ``sentence-transformers`` files: ``modules.json``, the pooling
@@ -365,7 +375,8 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     pooling_cfg = {"word_embedding_dimension": model.config.hidden_size,
                    "pooling_mode_cls_token": p.mode == "cls", "pooling_mode_mean_tokens": p.mode == "mean",
                    "pooling_mode_max_tokens": p.mode == "max", "pooling_mode_mean_sqrt_len_tokens": False}
-    for path, data in ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
-                       (folder / ST_CONFIG, st_config), (folder / ST_MODEL_CONFIG, model.model_config)):
+    files = ((folder / MODULES_FILE, modules), (folder / POOLING_DIR / "config.json", pooling_cfg),
+             (folder / ST_CONFIG, st_config), (folder / ST_MODEL_CONFIG, _saved_model_config(model)))
+    for path, data in files:
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return missing

@@ -235,8 +235,10 @@ def _task_phrase(pruning: dict[str, Any], task: str) -> str:
 def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, float] | None = None,
                       sparsity: dict | None = None, flops: dict | None = None, flops_note: str | None = None,
                       seq_len: int = 128, command: str | None = None, config: dict | str | None = None,
-                      model_type: str | None = None) -> str:
-    """The card's text (YAML header + Markdown body) from plain values; no file or model access."""
+                      model_type: str | None = None, prompts: dict[str, str] | None = None) -> str:
+    """The card's text (YAML header + Markdown body) from plain values; no file or model access.
+    ``prompts``: an embedding model's sentence-transformers prompts (its snippet then encodes
+    queries and documents apart)."""
     import yaml
 
     from compress.measure.sparsity import format_sparsity_table
@@ -293,13 +295,14 @@ def render_model_card(meta: dict[str, Any], *, name: str, metrics: dict[str, flo
     if pruning.get("history"):
         steps = ", ".join(f"{h['step']}: {100 * h['sparsity']:.1f}%" for h in pruning["history"][-5:])
         lines += ["", f"Pruning steps (last five, step: sparsity): {steps}."]
-    lines += ["", "## Use", "", *_use_lines(meta, model_type), "",
+    lines += ["", "## Use", "", *_use_lines(meta, model_type, prompts), "",
               "Fine-tuning it with `compress finetune --model PATH` keeps its masks (pruned weights stay "
               "zero); `compress measure PATH` and `compress export PATH --to model.onnx` read it.", ""]
     return "\n".join(lines)
 
 
-def _use_lines(meta: dict[str, Any], model_type: str | None) -> list[str]:
+def _use_lines(meta: dict[str, Any], model_type: str | None, prompts: dict[str, str] | None = None
+               ) -> list[str]:
     """The card's loading snippet: sentence-transformers for an embedding model (a structured one
     opens its stock copy), else the Auto class, with ``trust_remote_code=True`` where the per-layer
     sizes need the folder's own classes."""
@@ -309,8 +312,14 @@ def _use_lines(meta: dict[str, Any], model_type: str | None) -> list[str]:
     remote = ", trust_remote_code=True" if structured else ""
     if meta.get("task") == "embedding":
         lines = ["```python", "from sentence_transformers import SentenceTransformer",
-                 "model = SentenceTransformer(\"PATH_OR_HUB_ID\")",
-                 "embeddings = model.encode([\"A first sentence.\", \"A second one.\"])", "```"]
+                 "model = SentenceTransformer(\"PATH_OR_HUB_ID\")"]
+        if any((prompts or {}).values()):  # its prompts go before queries and documents
+            lines += ["queries = model.encode_query([\"Which river flows through Paris?\"])",
+                      "documents = model.encode_document([\"The Seine flows through Paris.\"])", "```", "",
+                      "Prompts (from `config_sentence_transformers.json`): " + ", ".join(
+                          f"{k} `{v}`" for k, v in sorted((prompts or {}).items()) if v) + "."]
+        else:
+            lines += ["embeddings = model.encode([\"A first sentence.\", \"A second one.\"])", "```"]
         if structured:
             lines += ["", "Its layers keep different numbers of heads and FFN neurons, which no stock config "
                       "describes. sentence-transformers opens `0_Transformer/`, a stock copy in which the "
@@ -329,6 +338,16 @@ def _use_lines(meta: dict[str, Any], model_type: str | None) -> list[str]:
                   "hence `trust_remote_code=True`"
                   + (" (or `import compress` first, where it is installed)." if registered else ".")]
     return lines
+
+
+def _prompts(folder: Path) -> dict[str, str]:
+    """The prompts of the sentence-transformers config saved in ``folder`` (none without one)."""
+    path = folder / "config_sentence_transformers.json"
+    try:
+        prompts = json.loads(path.read_text(encoding="utf-8")).get("prompts") if path.is_file() else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in (prompts or {}).items() if isinstance(v, str)}
 
 
 def write_model_card(folder: str | Path, model=None, *, meta: dict[str, Any] | None = None,
@@ -361,7 +380,7 @@ def write_model_card(folder: str | Path, model=None, *, meta: dict[str, Any] | N
                              sparsity=_sparsity(folder, run, model, sparsity), flops=flops,
                              flops_note=note, seq_len=seq_len,
                              command=command if command is not None else command_line(), config=config,
-                             model_type=model_type)
+                             model_type=model_type, prompts=_prompts(folder))
     path = folder / CARD_FILE
     path.write_text(text, encoding="utf-8")
     return path

@@ -94,6 +94,8 @@ def test_a_prompted_model_is_scored_and_saved_with_its_prompts(tiny_bert, data_d
     assert _summary(run)["sentence_transformers"]["equal_to_1e-5"] is True
     saved = json.loads((run / "model" / "config_sentence_transformers.json").read_text())
     assert saved["prompts"] == prompts
+    card = (run / "model" / "README.md").read_text()  # its snippet encodes queries and documents apart
+    assert "model.encode_query(" in card and "query `query: `" in card and "model.encode(" not in card
     static = tmp_path / "static"
     r = run_cli("distill", "--task", "embedding", "--student", "static", "--teacher", str(folder),
                 "--dims", "8", "--no-peer", "--data-dir", str(data_dir), "--out", str(static))

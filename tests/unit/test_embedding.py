@@ -482,7 +482,8 @@ def test_prompts_are_kept_in_the_saved_folder_and_match_encode_query_and_documen
     assert again.prompts == model.prompts
     q = torch.as_tensor(st.encode_query(TEXTS))
     assert torch.allclose(q, embed(model, tok, ["query: " + t for t in TEXTS]), atol=1e-5)
-    d = torch.as_tensor(st.encode_document(TEXTS, prompt_name="passage"))
+    assert st.prompts["document"] == "passage: "  # saved under the name encode_document takes first
+    d = torch.as_tensor(st.encode_document(TEXTS))
     assert torch.allclose(d, embed(model, tok, ["passage: " + t for t in TEXTS]), atol=1e-5)
     plain = compress.embed_texts(model, tok, TEXTS)
     assert torch.allclose(torch.as_tensor(st.encode(TEXTS)), plain, atol=1e-5)
