@@ -98,10 +98,11 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
         from compress.embedding.model import read_pooling
         from compress.models.loading import resolve_model
 
-        source = resolve_model(_export_source(path))
+        spec = _export_source(path)
+        source = resolve_model(spec)
         lower = read_pooling(source).lower_case
-        return "onnx", onnx_scorer(p, load_tokenizer(_export_source(path)), cfg.max_length, cfg.provider,
-                                   cfg.batch_size, lower), Prompts.of(read_model_config(source))
+        return "onnx", onnx_scorer(p, load_tokenizer(spec), cfg.max_length, cfg.provider, cfg.batch_size,
+                                   lower), Prompts.of(read_model_config(source))
     folder = next((f for f in (p / "student", p) if (f / CONFIG_FILE).is_file()), None)
     if folder is not None:
         from transformers import AutoTokenizer
@@ -140,10 +141,9 @@ def run_embedding_bench(cfg: EmbeddingBenchConfig) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 encode(own_texts)
                 row["seconds"].append(time.perf_counter() - t0)
-        base = len(texts) / statistics.median(rows[0]["seconds"])
-        for row in rows:
-            row["sentences_per_second"] = len(texts) / statistics.median(row["seconds"])
-            row["speedup"] = row["sentences_per_second"] / base
+        for row, own_texts in zip(rows, timed):
+            row["sentences_per_second"] = len(own_texts) / statistics.median(row["seconds"])
+            row["speedup"] = row["sentences_per_second"] / rows[0]["sentences_per_second"]
         result = {"task": EMBEDDING_TASK, "timed_texts": len(texts), "batch_size": cfg.batch_size,
                   "max_length": cfg.max_length, "rounds": cfg.rounds, "threads": torch.get_num_threads(),
                   "provider": cfg.provider, "baseline": rows[0]["label"], "rows": rows,

@@ -197,6 +197,9 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
     assert [row["kind"] for row in bench["rows"]] == ["torch", "onnx", "static"]
     assert bench["rows"][0]["speedup"] == pytest.approx(1.0)
     assert all(row["sentences_per_second"] > 0 for row in bench["rows"])
+    rows = bench["rows"]
+    ratio = rows[1]["sentences_per_second"] / rows[0]["sentences_per_second"]
+    assert rows[1]["speedup"] == pytest.approx(ratio)
     assert "cosine_to_reference" not in bench["rows"][2]["scores"]  # 8 dims against 32: no cosine
 
 
