@@ -144,7 +144,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                   help="--speedup: the runtime the model will ship in (ort-int8 = what "
                                        "'compress export --optimize --quantize int8' writes)")
     latency_shape: str = option("32x128", help="--speedup: batch x tokens at which the latency table is "
-                                               "measured and the speedup aimed")
+                                               "measured and the speedup aimed; 'auto': 32 x the 90th "
+                                               "percentile of the calibration texts' token counts")
     max_drop: float = option(1.0, help="--speedup family: the report names the fastest model whose int8 "
                                        "dev score is at most this many points below the dense model's")
     max_swaps: int = option(MAX_SWAPS, help="--criterion fisher: most swaps per layer of the mask "
@@ -235,7 +236,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if list(self.speedup) != sorted(set(self.speedup)):
             raise UsageError(f"--speedup {','.join(f'{x:g}' for x in self.speedup)}: give distinct targets "
                              "in increasing order, e.g. 2,3,4")
-        parse_shape(self.latency_shape)
+        if self.latency_shape != AUTO_SHAPE:
+            parse_shape(self.latency_shape)
         check_range("max_drop", self.max_drop, 0)
         default = {f.name: f.default for f in dataclasses.fields(self)}
         for name in ("latency_runtime", "latency_shape", "max_drop"):
@@ -362,8 +364,27 @@ def parse_shape(text: str) -> tuple[int, int]:
     """'32x128' -> (32, 128); UsageError naming --latency-shape otherwise."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"--latency-shape '{text}': give batch x tokens, e.g. 32x128")
+        raise UsageError(f"--latency-shape '{text}': give batch x tokens, e.g. 32x128, or 'auto'")
     return int(parts[0]), int(parts[1])
+
+
+AUTO_SHAPE = "auto"
+AUTO_BATCH = 32
+AUTO_QUANTILE = 0.9
+
+
+def latency_shape_of(text: str, batches: list[dict] | None) -> tuple[int, int]:
+    """(batch, tokens) of ``--latency-shape``; ``auto``: ``AUTO_BATCH`` x the ``AUTO_QUANTILE``
+    quantile of the calibration inputs' token counts (their attention masks), rounded up to a
+    multiple of 8: the speedup aimed at the lengths the model will read."""
+    if text != AUTO_SHAPE:
+        return parse_shape(text)
+    lengths = [b["attention_mask"].sum(1) for b in batches or [] if "attention_mask" in b]
+    if not lengths:
+        raise UsageError("--latency-shape auto reads the calibration texts' lengths, and there are none; "
+                         "give batch x tokens, e.g. 32x128")
+    q = float(torch.quantile(torch.cat(lengths).float(), AUTO_QUANTILE))
+    return AUTO_BATCH, 8 * math.ceil(q / 8)
 
 
 def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict] | None = None,
@@ -377,12 +398,15 @@ def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict
         from compress.measure.latency_table import latency_table
         from compress.pruning.latency_structured import prune_to_speedup
 
-        batch, tokens = parse_shape(cfg.latency_shape)
+        batch, tokens = latency_shape_of(cfg.latency_shape, batches)
         table = latency_table(module, cfg.latency_runtime, batch, tokens)
         report = prune_to_speedup(module, batches, table, cfg.speedup[0], tuple(cfg.structured),
                                   tune=not cfg.no_mask_tuning, fisher=fisher, max_swaps=cfg.max_swaps,
                                   scale_bound=cfg.scale_bound or None)
-        return {**report, "latency_runtime": cfg.latency_runtime, "latency_shape": cfg.latency_shape,
+        return {**report, "latency_runtime": cfg.latency_runtime, "latency_shape": f"{batch}x{tokens}",
+                **({"latency_shape_from": f"auto: {AUTO_BATCH} x the {AUTO_QUANTILE:.0%} quantile of the "
+                                          "calibration texts' token counts"}
+                   if cfg.latency_shape == AUTO_SHAPE else {}),
                 "latency_table": table.to_dict()}
     if cfg.criterion == "fisher":
         from compress.pruning.fisher_structured import fisher_prune_structured

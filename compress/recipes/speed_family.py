@@ -26,7 +26,7 @@ from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
 from compress.recipes.finetune import load_task_data
 from compress.recipes.post_training import calibration_batches, prune_post_training, read_calibration_text
-from compress.recipes.prune import PruneConfig, parse_shape
+from compress.recipes.prune import PruneConfig, latency_shape_of
 
 DEFAULT_MAX_DROP = next(f.default for f in fields(PruneConfig) if f.name == "max_drop")
 # latency runtime -> how the family ships it: export options (None: the model folder itself) and
@@ -63,7 +63,6 @@ def run_speed_family(cfg: PruneConfig) -> Path:
     check_family(cfg)
     lines = read_calibration_text(cfg)
     spec, data = load_task_data(cfg)
-    batch, tokens = parse_shape(cfg.latency_shape)
     with RunDir("prune", name=cfg.name or f"{spec.name}-speed-family", out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
@@ -71,11 +70,14 @@ def run_speed_family(cfg: PruneConfig) -> Path:
         model, tokenizer, _ = load_classifier(cfg.model, data["train"].label_names,
                                               multilabel=data["train"].multilabel, strict_labels=True)
         check_finite_parameters(model, cfg.model)
+        feats = encode(tokenizer, data["train"], cfg.max_length)
+        batches = calibration_batches(cfg, tokenizer, feats, lines)
+        batch, tokens = latency_shape_of(cfg.latency_shape, batches)
+        cfg = replace(cfg, latency_shape=f"{batch}x{tokens}")  # the members aim at the same shape
         table = latency_table(model, cfg.latency_runtime, batch, tokens)
         write_json(run.path / "latency_table.json", table.to_dict())
-        feats = encode(tokenizer, data["train"], cfg.max_length)
-        fisher = fisher_importance(model, calibration_batches(cfg, tokenizer, feats, lines))
-        del model, feats
+        fisher = fisher_importance(model, batches)
+        del model, feats, batches
         members = [_member(cfg, run.path, x, fisher) for x in cfg.speedup]
         dense = _ship(cfg, cfg.model, run.path / f"dense-{cfg.latency_runtime}.onnx")
         bench = _bench(cfg, run.path, dense, members, batch, tokens)

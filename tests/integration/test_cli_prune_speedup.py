@@ -46,6 +46,37 @@ def test_one_target_meets_its_predicted_speedup_and_verifies(finetuned, tmp_path
     assert main(["eval", "--model", str(out), "--max-length", "32"]) == 0
 
 
+def test_auto_latency_shape_aims_at_the_calibration_lengths(finetuned, tmp_path, capsys):
+    out = tmp_path / "auto"
+    args = [a for a in SPEED if a not in ("--latency-shape", "4x32")]
+    assert main(["prune", "--model", str(finetuned), *args, "--latency-shape", "auto", "--speedup", "1.5",
+                 *FAST, "--out", str(out)]) == 0
+    result = json.loads((out / "summary.json").read_text())["structured"]
+    table = json.loads((out / "latency_table.json").read_text())
+    batch, tokens = (int(x) for x in result["latency_shape"].split("x"))
+    assert (batch, tokens) == (table["batch"], table["seq_len"]) and batch == 32
+    assert tokens % 8 == 0 and 8 <= tokens <= 32 and result["latency_shape_from"].startswith("auto")
+    assert "predicted speedup in ort-int8 at " + result["latency_shape"] in capsys.readouterr().out
+
+
+def test_auto_latency_shape_is_the_rounded_up_quantile_of_the_attention_masks():
+    import torch
+
+    from compress.core.errors import UsageError
+    from compress.recipes.prune import latency_shape_of
+
+    def batch(lengths):
+        return {"attention_mask": torch.tensor([[1] * n + [0] * (40 - n) for n in lengths])}
+
+    # ten lengths 1..10 and 30: the 90% quantile of [1..10, 30] is 10 (index 9 of 11 sorted), -> 16
+    assert latency_shape_of("auto", [batch(range(1, 11)), batch([30])]) == (32, 16)
+    # twenty lengths of 20 and one of 40: the quantile is 20 -> 24
+    assert latency_shape_of("auto", [batch([20] * 20 + [40])]) == (32, 24)
+    assert latency_shape_of("8x64", None) == (8, 64)
+    with pytest.raises(UsageError, match="auto"):
+        latency_shape_of("auto", [])
+
+
 def test_a_family_builds_exports_benches_and_names_the_fastest(finetuned, tmp_path, capsys):
     out = tmp_path / "family"
     assert main(["prune", "--model", str(finetuned), *SPEED, "--speedup", "1.5,2.5", "--max-drop", "100",
