@@ -65,8 +65,6 @@ def check_embedding_config(cfg: PruneConfig) -> None:
     if logits or cfg.temperature != DEFAULT_TEMPERATURE:
         raise UsageError(f"{', '.join(logits or ['--temperature'])}: an embedding model has no logits to "
                          "distil; its recovery matches embeddings (and layers, with --kd-layers W)")
-    if len(cfg.speedup) > 1:
-        raise UsageError("--task embedding builds one model per run: give one --speedup target")
 
 
 def calibration_texts(cfg: PruneConfig, texts: list[str]) -> list[str]:
@@ -92,8 +90,10 @@ def check_sentence_transformers(folder: Path, texts: list[str], expected: torch.
     return {"checked": True, "texts": len(texts), "max_abs_diff": diff, "equal_to_1e-5": diff <= 1e-5}
 
 
-def prune_post_training_embedding(cfg: PruneConfig) -> Path:
-    """Prune, score, optionally distil and save a sentence-embedding model (module docstring)."""
+def prune_post_training_embedding(cfg: PruneConfig, fisher=None) -> Path:
+    """Prune, score, optionally distil and save a sentence-embedding model (module docstring).
+    ``fisher``: the embedding Fisher of the same dense model and calibration set, computed once for
+    a family of ``--speedup`` targets."""
     from compress.pruning.pruner import KeepMasksHook
 
     check_embedding_config(cfg)
@@ -118,8 +118,8 @@ def prune_post_training_embedding(cfg: PruneConfig) -> Path:
         t_prune = time.time()
         lower = model.pooling.lower_case
         batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length, lower)
-        fisher = (embedding_fisher(model, batches, seed=cfg.seed)
-                  if cfg.structured and cfg.criterion == "fisher" else None)
+        if fisher is None and cfg.structured and cfg.criterion == "fisher":
+            fisher = embedding_fisher(model, batches, seed=cfg.seed)
         masks, calibration, structured = prune_once(cfg, model.encoder, targets, batches, initial, run,
                                                     fisher)
         seconds = round(time.time() - t_prune, 1)

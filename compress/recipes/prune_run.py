@@ -29,10 +29,10 @@ assert tuple(STAGE_RUNS) == STAGES
 def run_prune(cfg: PruneConfig) -> Path:
     """Run the configured stage; returns the finished run folder."""
     family = get_task(cfg.task).family
-    if family == "embedding":
-        return prune_post_training_embedding(cfg)
     if len(cfg.speedup) > 1:
         return run_speed_family(cfg)
+    if family == "embedding":
+        return prune_post_training_embedding(cfg)
     if cfg.stage == "post-training" and family == "qa":
         return prune_post_training_qa(cfg)
     if cfg.stage != "pretrain" and family in OTHER_FAMILIES:

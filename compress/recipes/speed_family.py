@@ -27,6 +27,7 @@ from compress.core.runs import RunDir, write_json
 from compress.recipes.finetune import load_task_data
 from compress.recipes.post_training import calibration_batches, prune_post_training, read_calibration_text
 from compress.recipes.prune import PruneConfig, latency_shape_of
+from compress.tasks import get_task
 
 DEFAULT_MAX_DROP = next(f.default for f in fields(PruneConfig) if f.name == "max_drop")
 # latency runtime -> how the family ships it: export options (None: the model folder itself) and
@@ -39,14 +40,16 @@ SHIPPING = {"ort-int8": ({"optimize": True, "quantize": "int8"}, "cpu"),
 
 def check_family(cfg: PruneConfig) -> None:
     """What a family needs, before any data or model is read."""
-    from compress.tasks import get_task
-
     if cfg.stage != "post-training" or not cfg.structured or cfg.criterion != "fisher":
         raise UsageError("--speedup with several targets builds a family of structured models: use it with "
                          "--stage post-training --structured heads,ffn --criterion fisher")
-    if get_task(cfg.task).family not in ("classification", "multilabel"):
-        raise UsageError(f"a --speedup family is scored on classification tasks; task '{cfg.task}' is not "
-                         "one: give one target (--speedup X) for it")
+    if get_task(cfg.task).family not in ("classification", "multilabel", "embedding"):
+        raise UsageError(f"a --speedup family is scored on classification and embedding tasks; task "
+                         f"'{cfg.task}' is neither: give one target (--speedup X) for it")
+    if get_task(cfg.task).family == "embedding":
+        from compress.recipes.embedding_prune import check_embedding_config
+
+        check_embedding_config(cfg)
     if cfg.latency_runtime not in SHIPPING:
         raise UsageError(f"--latency-runtime {cfg.latency_runtime}: a family ships in one of "
                          f"{', '.join(SHIPPING)}")
@@ -55,29 +58,20 @@ def check_family(cfg: PruneConfig) -> None:
 def run_speed_family(cfg: PruneConfig) -> Path:
     """Build, score, export and bench one structured model per ``cfg.speedup`` target."""
     from compress.measure.latency_table import latency_table
-    from compress.models.loading import load_classifier
-    from compress.pruning.fisher_masks import fisher_importance
-    from compress.pruning.integrity import check_finite_parameters
-    from compress.training.loop import encode, set_seed
 
     check_family(cfg)
-    lines = read_calibration_text(cfg)
-    spec, data = load_task_data(cfg)
+    spec = get_task(cfg.task)
+    dense_model = _embedding_dense if spec.family == "embedding" else _classifier_dense
     with RunDir("prune", name=cfg.name or f"{spec.name}-speed-family", out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
-        set_seed(cfg.seed)
-        model, tokenizer, _ = load_classifier(cfg.model, data["train"].label_names,
-                                              multilabel=data["train"].multilabel, strict_labels=True)
-        check_finite_parameters(model, cfg.model)
-        feats = encode(tokenizer, data["train"], cfg.max_length)
-        batches = calibration_batches(cfg, tokenizer, feats, lines)
+        module, batches, importance = dense_model(cfg)
         batch, tokens = latency_shape_of(cfg.latency_shape, batches)
         cfg = replace(cfg, latency_shape=f"{batch}x{tokens}")  # the members aim at the same shape
-        table = latency_table(model, cfg.latency_runtime, batch, tokens)
+        table = latency_table(module, cfg.latency_runtime, batch, tokens)
         write_json(run.path / "latency_table.json", table.to_dict())
-        fisher = fisher_importance(model, batches)
-        del model, feats, batches
+        fisher = importance()
+        del module, batches, importance
         members = [_member(cfg, run.path, x, fisher) for x in cfg.speedup]
         dense = _ship(cfg, cfg.model, run.path / f"dense-{cfg.latency_runtime}.onnx")
         bench = _bench(cfg, run.path, dense, members, batch, tokens)
@@ -85,11 +79,56 @@ def run_speed_family(cfg: PruneConfig) -> Path:
     return run.path
 
 
+def _classifier_dense(cfg: PruneConfig):
+    """(the dense classifier, its calibration batches, its Fisher importance when called)."""
+    from compress.models.loading import load_classifier
+    from compress.pruning.fisher_masks import fisher_importance
+    from compress.pruning.integrity import check_finite_parameters
+    from compress.training.loop import encode, set_seed
+
+    lines = read_calibration_text(cfg)
+    _, data = load_task_data(cfg)
+    set_seed(cfg.seed)
+    model, tokenizer, _ = load_classifier(cfg.model, data["train"].label_names,
+                                          multilabel=data["train"].multilabel, strict_labels=True)
+    check_finite_parameters(model, cfg.model)
+    batches = calibration_batches(cfg, tokenizer, encode(tokenizer, data["train"], cfg.max_length), lines)
+    return model, batches, lambda: fisher_importance(model, batches)
+
+
+def _embedding_dense(cfg: PruneConfig):
+    """(the dense sentence encoder's Hugging Face model, the calibration batches of unlabelled text,
+    the Fisher of the distance to its embeddings when called), as ``compress prune --task embedding``
+    builds them."""
+    from compress.embedding.losses import embedding_fisher
+    from compress.embedding.model import load_sentence_encoder
+    from compress.pruning.integrity import check_finite_parameters
+    from compress.recipes.embedding import refuse_non_embedding_model
+    from compress.recipes.embedding_prune import calibration_texts, text_batches
+    from compress.tasks.embedding import unlabelled_text
+    from compress.training.loop import set_seed
+
+    texts = unlabelled_text(cfg.data_options(), cfg.calibration_data)
+    set_seed(cfg.seed)
+    model, tokenizer, meta = load_sentence_encoder(cfg.model)
+    refuse_non_embedding_model(meta, cfg.model)
+    check_finite_parameters(model, cfg.model)
+    max_length = min(cfg.max_length, model.pooling.max_length)
+    batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length,
+                           model.pooling.lower_case)
+    return model.encoder, batches, lambda: embedding_fisher(model, batches, seed=cfg.seed)
+
+
 def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher) -> dict[str, Any]:
     """One target: the post-training prune (its own run folder) and its shipped form."""
     member_cfg = replace(cfg, speedup=(target,), out=str(family_dir / f"speedup-{target:g}x"), name=None,
                          max_drop=DEFAULT_MAX_DROP)
-    path = prune_post_training(member_cfg, fisher=fisher)
+    if get_task(cfg.task).family == "embedding":
+        from compress.recipes.embedding_prune import prune_post_training_embedding
+
+        path = prune_post_training_embedding(member_cfg, fisher=fisher)
+    else:
+        path = prune_post_training(member_cfg, fisher=fisher)
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     s = summary["structured"]
     shipped = _ship(cfg, str(path), path / f"model-{cfg.latency_runtime}.onnx")
@@ -113,7 +152,8 @@ def _ship(cfg: PruneConfig, model: str, to: Path) -> dict[str, Any]:
     if options is None:
         return {"path": model, "score": None}
     report = run_export(ExportConfig(model=model, to=str(to), task=cfg.task, data_dir=cfg.data_dir,
-                                     eval_limit=cfg.eval_limit, max_length=cfg.max_length, **options))
+                                     eval_limit=cfg.eval_limit, max_length=cfg.max_length,
+                                     split_by_article=cfg.split_by_article, **options))
     acc = report["accuracy"]
     shipped = acc.get(options.get("quantize") or options.get("precision") or "fp32") or acc["fp32"]
     return {"path": str(to), "score": shipped.get("score"), "metrics": shipped,

@@ -283,3 +283,32 @@ def test_structured_fisher_on_an_mpnet_embedding_model_without_a_role_table(data
     card = (run / "model" / "README.md").read_text()  # how to open it, as the test just did
     assert 'SentenceTransformer("PATH_OR_HUB_ID")' in card and "0_Transformer/" in card
     assert "import compress" not in card  # importing compress does not register a discovered type
+
+
+def test_a_speedup_family_of_embedding_models_is_scored_on_retrieval_and_names_the_fastest(
+        tiny_bert, data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "family"
+    r = run_cli("prune", "--stage", "post-training", "--task", "embedding", "--model", str(tiny_bert),
+                "--structured", "heads,ffn", "--criterion", "fisher", "--speedup", "1.5,2.5",
+                "--latency-shape", "4x32", "--max-drop", "100", "--data-dir", str(data_dir),
+                "--out", str(out), *FAST)
+    assert r.returncode == 0, r.stderr
+    family = json.loads((out / "family.json").read_text())
+    assert family["metric"] == "p@1" and [row["label"] for row in family["rows"]] == ["1.5x", "2.5x"]
+    dense = json.loads((out / "speedup-1.5x" / "summary.json").read_text())["eval_dense"]
+    assert family["dense_score"] == pytest.approx(dense["reqa"]["p@1"])
+    for row, target in zip(family["rows"], (1.5, 2.5)):
+        member = out / f"speedup-{target:g}x"
+        assert row["predicted_speedup"] >= target and 0 <= row["score_int8"] <= 1
+        assert json.loads((member / "summary.json").read_text())["sentence_transformers"]["equal_to_1e-5"]
+        report = json.loads((member / "model-ort-int8.json").read_text())
+        assert report["kind"] == "embedding" and report["accuracy"]["int8"]["score"] == row["score_int8"]
+    fastest = max(family["rows"], key=lambda row: row[family["speed_key"]])
+    assert family["fastest_within_budget"] == fastest["label"]
+
+
+def test_a_speedup_family_refuses_what_an_embedding_prune_refuses():
+    r = run_cli("prune", "--stage", "post-training", "--task", "embedding", "--structured", "heads,ffn",
+                "--criterion", "fisher", "--speedup", "1.5,2", "--recovery-steps", "2", "--teacher", "minilm")
+    assert r.returncode != 0 and "--teacher self" in r.stderr
