@@ -22,6 +22,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from compress.core.runs import RunDir, write_json
 from compress.distill.losses import DEFAULT_TEMPERATURE
 from compress.distill.teacher_kd import TEACHER_SELF
 from compress.embedding.losses import cosine_distillation_loss, embedding_fisher, text_collate
-from compress.embedding.model import embed, load_sentence_encoder, save_sentence_transformer
+from compress.embedding.model import SentenceEncoder, embed, load_sentence_encoder, save_sentence_transformer
 from compress.embedding.scores import brief, embedding_scores
 from compress.pruning.calibration import calibration_sample
 from compress.pruning.integrity import check_finite_parameters
@@ -90,6 +91,21 @@ def check_sentence_transformers(folder: Path, texts: list[str], expected: torch.
     return {"checked": True, "texts": len(texts), "max_abs_diff": diff, "equal_to_1e-5": diff <= 1e-5}
 
 
+def load_dense_embedding(cfg: PruneConfig) -> tuple[SentenceEncoder, Any, list[str], list[dict], int]:
+    """(the dense sentence encoder of ``cfg.model``, checked to be an embedding model with finite
+    weights; its tokenizer; the unlabelled text; the calibration batches drawn from it; the token
+    limit), what one embedding prune and a ``--speedup`` family start from."""
+    texts = unlabelled_text(cfg.data_options(), cfg.calibration_data)
+    set_seed(cfg.seed)
+    model, tokenizer, meta = load_sentence_encoder(cfg.model)
+    refuse_non_embedding_model(meta, cfg.model)
+    check_finite_parameters(model, cfg.model)
+    max_length = min(cfg.max_length, model.pooling.max_length)
+    batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length,
+                           model.pooling.lower_case)
+    return model, tokenizer, texts, batches, max_length
+
+
 def prune_post_training_embedding(cfg: PruneConfig, fisher=None) -> Path:
     """Prune, score, optionally distil and save a sentence-embedding model (module docstring).
     ``fisher``: the embedding Fisher of the same dense model and calibration set, computed once for
@@ -97,16 +113,10 @@ def prune_post_training_embedding(cfg: PruneConfig, fisher=None) -> Path:
     from compress.pruning.pruner import KeepMasksHook
 
     check_embedding_config(cfg)
-    opts = cfg.data_options()
-    texts = unlabelled_text(opts, cfg.calibration_data)
     data = load_eval_data(cfg)
-    set_seed(cfg.seed)
-    model, tokenizer, meta = load_sentence_encoder(cfg.model)
-    refuse_non_embedding_model(meta, cfg.model)
-    check_finite_parameters(model, cfg.model)
+    model, tokenizer, texts, batches, max_length = load_dense_embedding(cfg)
     data = data.with_prompts(model.prompts)
     targets, initial = post_training_targets(cfg, model.encoder)
-    max_length = min(cfg.max_length, model.pooling.max_length)
     dense_model = copy.deepcopy(model).eval() if cfg.recovery_steps else None
     with RunDir("prune", name=run_name(cfg, EMBEDDING_TASK), out=cfg.out) as run:
         run.write_config(to_dict(cfg))
@@ -116,8 +126,6 @@ def prune_post_training_embedding(cfg: PruneConfig, fisher=None) -> Path:
         dense, reference = embedding_scores(score, data)
         run.log_metrics({"phase": "dense", "eval": dense})
         t_prune = time.time()
-        lower = model.pooling.lower_case
-        batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length, lower)
         if fisher is None and cfg.structured and cfg.criterion == "fisher":
             fisher = embedding_fisher(model, batches, seed=cfg.seed)
         masks, calibration, structured = prune_once(cfg, model.encoder, targets, batches, initial, run,
@@ -132,7 +140,7 @@ def prune_post_training_embedding(cfg: PruneConfig, fisher=None) -> Path:
             steps = train(model, tokenizer, texts, replace(cfg, max_steps=cfg.recovery_steps), hooks,
                           log=lambda r: run.log_metrics({"phase": "recovery", **r}),
                           checkpoint_dir=run.checkpoint_dir,
-                          collate=text_collate(tokenizer, max_length, lower),
+                          collate=text_collate(tokenizer, max_length, model.pooling.lower_case),
                           loss_fn=cosine_distillation_loss(dense_model, cfg.kd_layers),
                           hook_module=lambda m: m.encoder)["steps"]
             metrics, _ = embedding_scores(score, data, reference)

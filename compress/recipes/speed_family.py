@@ -43,10 +43,11 @@ def check_family(cfg: PruneConfig) -> None:
     if cfg.stage != "post-training" or not cfg.structured or cfg.criterion != "fisher":
         raise UsageError("--speedup with several targets builds a family of structured models: use it with "
                          "--stage post-training --structured heads,ffn --criterion fisher")
-    if get_task(cfg.task).family not in ("classification", "multilabel", "embedding"):
+    family = get_task(cfg.task).family
+    if family not in ("classification", "multilabel", "embedding"):
         raise UsageError(f"a --speedup family is scored on classification and embedding tasks; task "
                          f"'{cfg.task}' is neither: give one target (--speedup X) for it")
-    if get_task(cfg.task).family == "embedding":
+    if family == "embedding":
         from compress.recipes.embedding_prune import check_embedding_config
 
         check_embedding_config(cfg)
@@ -101,21 +102,9 @@ def _embedding_dense(cfg: PruneConfig):
     the Fisher of the distance to its embeddings when called), as ``compress prune --task embedding``
     builds them."""
     from compress.embedding.losses import embedding_fisher
-    from compress.embedding.model import load_sentence_encoder
-    from compress.pruning.integrity import check_finite_parameters
-    from compress.recipes.embedding import refuse_non_embedding_model
-    from compress.recipes.embedding_prune import calibration_texts, text_batches
-    from compress.tasks.embedding import unlabelled_text
-    from compress.training.loop import set_seed
+    from compress.recipes.embedding_prune import load_dense_embedding
 
-    texts = unlabelled_text(cfg.data_options(), cfg.calibration_data)
-    set_seed(cfg.seed)
-    model, tokenizer, meta = load_sentence_encoder(cfg.model)
-    refuse_non_embedding_model(meta, cfg.model)
-    check_finite_parameters(model, cfg.model)
-    max_length = min(cfg.max_length, model.pooling.max_length)
-    batches = text_batches(tokenizer, calibration_texts(cfg, texts), cfg.batch_size, max_length,
-                           model.pooling.lower_case)
+    model, _, _, batches, _ = load_dense_embedding(cfg)
     return model.encoder, batches, lambda: embedding_fisher(model, batches, seed=cfg.seed)
 
 
