@@ -110,7 +110,14 @@ CRITERIA: dict[str, Criterion] = {
                                   "FLOPs target with least-squares mask tuning (Kwon et al. 2022; "
                                   "--structured, needs calibration)",
                         needs=frozenset({"grad_sq"}), structured_only=True),
+    "obs": Criterion("obs", "structured OBS: heads and FFN neurons removed one at a time with the optimal "
+                            "update of what each layer keeps, searched under a FLOPs or latency target "
+                            "(ZipLM, Kurtic et al. 2023; --structured, needs calibration)",
+                     needs=frozenset({"input_gram"}), structured_only=True, reconstructs=True),
 }
+
+# the structured criteria that search a FLOPs (--flops-reduction) or latency (--speedup) target
+STRUCTURED_SEARCHES = ("fisher", "obs")
 
 
 def get_criterion(name: str) -> Criterion:

@@ -8,15 +8,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from compress.core.errors import ModelError, UsageError
+from compress.core.errors import UsageError
 from compress.models.architectures import encoder_layers, head_layout, layout_for
-from compress.pruning.fisher_masks import split_labels, to_device, unit_masks
+from compress.pruning.fisher_masks import to_device, unit_masks
+from compress.pruning.layer_replay import Stop as _Stop
+from compress.pruning.layer_replay import layer_calls as _layer_calls
+from compress.pruning.layer_replay import real_tokens as _tokens
 
 SCALE_BOUND = 10.0
-
-
-class _Stop(Exception):
-    """Raised by a capture hook: the rest of the layer is not needed."""
 
 
 def _bounded_solve(a: torch.Tensor, b: torch.Tensor, bound: float, rounds: int = 100) -> torch.Tensor:
@@ -79,14 +78,6 @@ def _normal_equations(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> tupl
     return torch.einsum("nko,njo->kj", contrib, contrib), torch.einsum("nko,no->k", contrib, r)
 
 
-def _tokens(x: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``[tokens, features]``, padded positions dropped when the batch has an attention mask."""
-    mask = batch.get("attention_mask")
-    if mask is not None and x.dim() == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
-        return x[mask.bool()]
-    return x.reshape(-1, x.shape[-1])
-
-
 def _fit_scales(linear: nn.Linear, width: int, kept: torch.Tensor, inputs, targets: list[torch.Tensor],
                 damping: float, bound: float | None) -> tuple[torch.Tensor, float, float]:
     """Scales of the ``kept`` units (groups of ``width`` input columns of ``linear``) whose scaled
@@ -107,26 +98,6 @@ def _fit_scales(linear: nn.Linear, width: int, kept: torch.Tensor, inputs, targe
         rhs += rh.double()
         const += float((r.double() ** 2).sum())
     return _solve(gram, rhs, const, damping, bound)
-
-
-def _layer_calls(model: nn.Module, layers, batches: list[dict[str, torch.Tensor]]
-                 ) -> list[list[tuple[tuple, dict]]]:
-    """Per batch, each layer's call arguments from one dense pass: layer 0's positional arguments,
-    the others' without their hidden states (those come from the streams), and every keyword."""
-    calls: list[list[tuple[tuple, dict]]] = []
-    hooks = [lay.module.register_forward_pre_hook(
-        lambda m, a, k: calls[-1].append((a if not calls[-1] else (None,) + a[1:], k)), with_kwargs=True)
-        for lay in layers]
-    try:
-        for batch in batches:
-            calls.append([])
-            model(**split_labels(batch)[0])
-            if len(calls[-1]) != len(layers):
-                raise ModelError(f"expected one call per layer, got {len(calls[-1])} for {len(layers)}")
-    finally:
-        for h in hooks:
-            h.remove()
-    return calls
 
 
 @torch.no_grad()

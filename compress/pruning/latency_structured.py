@@ -52,15 +52,18 @@ class LatencyModel(Protocol):
 
 def plan_for_speedup(fisher: FisherImportance, table: LatencyModel, speedup: float,
                      targets: tuple[str, ...] = TARGETS, allow_empty: bool = True,
-                     ffn_step: int | None = None) -> dict[str, Any]:
+                     ffn_step: int | None = None, dense_sizes: tuple[list[int], list[int]] | None = None
+                     ) -> dict[str, Any]:
     """Per-layer keep lists meeting ``speedup`` by ``table``'s prediction, at the least estimated
-    loss (``compress.pruning.latency_search``). A unit kind outside ``targets`` is kept whole."""
+    loss (``compress.pruning.latency_search``). A unit kind outside ``targets`` is kept whole.
+    ``dense_sizes``: heads and neurons per layer of the model the target is relative to (default:
+    the one ``fisher`` was taken on)."""
     if speedup <= 1:
         raise UsageError(f"--speedup must be above 1 (times the dense model's speed), got {speedup}")
     n_layers = len(fisher.heads)
     heads_full = [len(h) for h in fisher.heads]
     ffn_full = [len(n) for n in fisher.neurons]
-    dense_ms = table.predict_ms(heads_full, ffn_full)
+    dense_ms = table.predict_ms(*(dense_sizes or (heads_full, ffn_full)))
     # what no choice of the search changes: embeddings and head, each layer's LayerNorms, and the
     # measured time the table's blocks do not explain
     fixed_ms = table.base_ms + getattr(table, "residual_ms", 0.0) + n_layers * table.layer_fixed_ms
@@ -88,7 +91,8 @@ def plan_for_speedup(fisher: FisherImportance, table: LatencyModel, speedup: flo
 def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], table: LatencyModel,
                      speedup: float, targets: tuple[str, ...] = TARGETS, rearrange: bool = True,
                      tune: bool = True, fisher: FisherImportance | None = None, max_swaps: int = MAX_SWAPS,
-                     scale_bound: float | None = SCALE_BOUND) -> dict[str, Any]:
+                     scale_bound: float | None = SCALE_BOUND,
+                     dense_sizes: tuple[list[int], list[int]] | None = None) -> dict[str, Any]:
     """Remove units, blocks and layers of ``model`` in place so ``table`` predicts ``speedup``;
     returns the report (the plan, what was removed, FLOPs before and after, seconds per phase).
     ``max_swaps``, ``scale_bound``: as in ``fisher_prune_structured``."""
@@ -100,7 +104,7 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
         fisher = fisher_importance(model, batches)
     lap("fisher")
     allow_empty = can_empty_blocks(model.config.model_type)
-    plan = plan_for_speedup(fisher, table, speedup, tuple(targets), allow_empty)
+    plan = plan_for_speedup(fisher, table, speedup, tuple(targets), allow_empty, dense_sizes=dense_sizes)
     lap("search")
     per_head, per_neuron = unit_flops(model, getattr(table, "seq_len", 128))  # FLOPs at the table's length
     applied = apply_keep_lists(model, batches, fisher, plan["keep_heads"], plan["keep_neurons"], lap,
@@ -109,7 +113,8 @@ def prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]
     def flops(heads, neurons):
         return sum(len(h) for h in heads) * per_head + sum(len(n) for n in neurons) * per_neuron
 
-    before = flops([range(len(h)) for h in fisher.heads], [range(len(n)) for n in fisher.neurons])
+    before = (flops([range(h) for h in dense_sizes[0]], [range(n) for n in dense_sizes[1]]) if dense_sizes
+              else flops([range(len(h)) for h in fisher.heads], [range(len(n)) for n in fisher.neurons]))
     after = flops(applied["kept_heads"], applied["kept_neurons"])
     return {"method": "fisher importance, latency-constrained search (ZipLM-style dynamic programme "
                       "over a measured latency table)", "loss": fisher.loss, "architecture": layout.name,

@@ -88,14 +88,14 @@ def calibration_batches(cfg: PruneConfig, tokenizer, feats: list[dict], lines: l
 
 
 def prune_once(cfg: PruneConfig, model, targets: dict, batches: list[dict], initial: dict, run: RunDir,
-               fisher=None) -> tuple[dict | None, dict | None, dict | None]:
+               fisher=None, dense_sizes=None) -> tuple[dict | None, dict | None, dict | None]:
     """The post-training prune itself: whole heads / FFN neurons with --structured, else the
     calibrated criterion on ``targets``; returns (masks, calibration report, structured report) and
     writes ``calibration.json``."""
     from compress.pruning.calibration import prune_calibrated
 
     if cfg.structured:
-        structured = run_structured(model, cfg, batches, fisher)
+        structured = run_structured(model, cfg, batches, fisher, dense_sizes)
         if "latency_table" in structured:
             write_json(run.path / "latency_table.json", structured.pop("latency_table"))
         return None, None, structured
@@ -153,7 +153,8 @@ class OneShot:
 
 def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run: RunDir,
                       score: Callable[[], dict], encode_train: Callable[[], list],
-                      calibration_set: Callable[[list], list[dict]], fisher=None) -> OneShot:
+                      calibration_set: Callable[[list], list[dict]], fisher=None, dense_sizes=None
+                      ) -> OneShot:
     """Score the dense model, prune it once from calibration batches, score it again; both scores
     logged. The prune's seconds cover encoding the training split, drawing the calibration set and
     choosing the masks, not the evaluations."""
@@ -162,7 +163,7 @@ def score_prune_score(cfg: PruneConfig, model, targets: dict, initial: dict, run
     t_prune = time.time()
     feats = encode_train()
     masks, calibration, structured = prune_once(cfg, model, targets, calibration_set(feats), initial, run,
-                                                fisher)
+                                                fisher, dense_sizes)
     seconds = round(time.time() - t_prune, 1)
     pruned = score()
     run.log_metrics({"phase": "pruned", "step": 0, "eval": pruned})
@@ -183,12 +184,14 @@ def post_training_summary(cfg: PruneConfig, task: str, metric: str, once: OneSho
             "calibration": {k: v for k, v in (once.calibration or {}).items() if k != "matrices"} or None}
 
 
-def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
+def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path:
     """Prune a model already fine-tuned on the task, once, with masks chosen from calibration data
     (``compress.pruning.calibration``; SparseGPT also rewrites the kept weights), then optionally
     train ``--recovery-steps`` with the masks kept (and the dense model as teacher with --teacher self).
     ``fisher``: the Fisher importance of the same dense model and calibration set, computed once for
-    a family of ``--speedup`` targets."""
+    a family of ``--speedup`` targets (with ``--criterion obs``, its removal database);
+    ``dense_sizes``: the unpruned model's heads and neurons per layer when ``--model`` is a member
+    of a gradual family (the target is relative to them)."""
     from compress.pruning.pruner import KeepMasksHook
 
     lines = read_calibration_text(cfg)
@@ -212,7 +215,8 @@ def prune_post_training(cfg: PruneConfig, fisher=None) -> Path:
 
         once = score_prune_score(cfg, model, targets, initial, run, score,
                                  lambda: encode(tokenizer, data["train"], cfg.max_length),
-                                 lambda feats: calibration_batches(cfg, tokenizer, feats, lines), fisher)
+                                 lambda feats: calibration_batches(cfg, tokenizer, feats, lines), fisher,
+                                 dense_sizes)
         metrics, steps = once.pruned, 0
         if cfg.recovery_steps:
             hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []

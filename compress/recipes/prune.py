@@ -46,7 +46,7 @@ from compress.models.loading import (
     load_tokenizer,
     resolve_model,
 )
-from compress.pruning.criteria import CRITERIA, get_criterion
+from compress.pruning.criteria import CRITERIA, STRUCTURED_SEARCHES, get_criterion
 from compress.pruning.fisher_search import MAX_SWAPS
 from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.integrity import (
@@ -143,11 +143,20 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     latency_runtime: str = option("ort-int8", choices=lambda: tuple(_runtimes()),
                                   help="--speedup: the runtime the model will ship in (ort-int8 = what "
                                        "'compress export --optimize --quantize int8' writes)")
-    latency_shape: str = option("32x128", help="--speedup: batch x tokens at which the latency table is "
-                                               "measured and the speedup aimed; 'auto': 32 x the 90th "
-                                               "percentile of the calibration texts' token counts")
+    latency_shape: str = option("task", help="--speedup: batch x tokens at which the latency table is "
+                                             "measured and the speedup aimed; 'task' (default): 32 x "
+                                             "--max-length, the longest input the model reads; 'auto': "
+                                             "32 x the 90th percentile of the calibration texts' token "
+                                             "counts")
     max_drop: float = option(1.0, help="--speedup family: the report names the fastest model whose int8 "
                                        "dev score is at most this many points below the dense model's")
+    max_drop_metric: str = option("task", choices=("task", "macro_f1"),
+                                  help="--speedup family: what --max-drop judges: the task's metric or "
+                                       "macro-F1 (every class counts alike)")
+    family_mode: str = option("gradual", choices=("gradual", "independent"),
+                              help="--speedup family: 'gradual': each target starts from the previous "
+                                   "member after its recovery (ZipLM's gradual mode; embedding models run "
+                                   "independent); 'independent': each from the dense model")
     max_swaps: int = option(MAX_SWAPS, help="--criterion fisher: most swaps per layer of the mask "
                                             "rearrangement (it stops sooner when no swap lowers "
                                             "the Fisher cost); 0 = none")
@@ -201,8 +210,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         self._check_calibration()
         if self.corpus and self.stage != "pretrain":
             raise UsageError("--corpus applies to --stage pretrain only")
-        if self.structured and self.criterion not in ("magnitude", "fisher"):
-            raise UsageError("--structured ranks heads / FFN neurons by magnitude or by fisher (--stage "
+        if self.structured and self.criterion not in ("magnitude", *STRUCTURED_SEARCHES):
+            raise UsageError("--structured ranks heads / FFN neurons by magnitude, fisher or obs (--stage "
                              f"post-training); drop --criterion '{self.criterion}'")
         if get_criterion(self.criterion).structured_only and not self.structured:
             raise UsageError(f"--criterion {self.criterion} removes whole heads / FFN neurons: add "
@@ -222,31 +231,35 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                              "(the folder it was started with)")
 
     def _check_speed_target(self) -> None:
-        """--criterion fisher aims at one of --flops-reduction or --speedup; nothing else reads them."""
+        """--criterion fisher / obs aims at one of --flops-reduction or --speedup; nothing else reads them."""
         targets = (self.flops_reduction is not None) + bool(self.speedup)
-        if self.criterion == "fisher" and targets != 1:
-            raise UsageError("--criterion fisher needs one target: --flops-reduction F (fewer FLOPs) or "
+        if self.criterion in STRUCTURED_SEARCHES and targets != 1:
+            raise UsageError(f"--criterion {self.criterion} needs one target: --flops-reduction F (fewer "
+                             "FLOPs) or "
                              "--speedup X (times the dense speed, measured)" if targets == 0 else
                              "--flops-reduction and --speedup are two targets for the same search; use one")
-        if self.criterion != "fisher" and targets:
-            raise UsageError("--flops-reduction and --speedup set the target of --criterion fisher (with "
+        if self.criterion not in STRUCTURED_SEARCHES and targets:
+            raise UsageError("--flops-reduction and --speedup set the target of --criterion obs or fisher "
+                             "(with "
                              "--structured heads,ffn and --stage post-training); add them or drop the target")
         for x in self.speedup:
             check_range("speedup", x, 1, None, lo_open=True)
         if list(self.speedup) != sorted(set(self.speedup)):
             raise UsageError(f"--speedup {','.join(f'{x:g}' for x in self.speedup)}: give distinct targets "
                              "in increasing order, e.g. 2,3,4")
-        if self.latency_shape != AUTO_SHAPE:
+        if self.latency_shape not in (AUTO_SHAPE, TASK_SHAPE):
             parse_shape(self.latency_shape)
         check_range("max_drop", self.max_drop, 0)
         default = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in ("latency_runtime", "latency_shape", "max_drop"):
+        for name in ("latency_runtime", "latency_shape", "max_drop", "max_drop_metric", "family_mode"):
             if not self.speedup and getattr(self, name) != default[name]:
                 raise UsageError(f"--{name.replace('_', '-')} applies with --speedup only; add --speedup X "
                                  "or drop it")
-        if len(self.speedup) < 2 and self.max_drop != default["max_drop"]:
-            raise UsageError("--max-drop picks the fastest model of a --speedup family (several targets, "
-                             "e.g. 2,3,4); drop it or give several targets")
+        for name in ("max_drop", "max_drop_metric", "family_mode"):
+            if len(self.speedup) < 2 and getattr(self, name) != default[name]:
+                raise UsageError(f"--{name.replace('_', '-')} applies to a --speedup family (several "
+                                 "targets, "
+                                 "e.g. 2,3,4); drop it or give several targets")
 
     def _check_calibration(self) -> None:
         """Data-aware criteria prune once, from calibration data, in the post-training stage; the
@@ -364,19 +377,27 @@ def parse_shape(text: str) -> tuple[int, int]:
     """'32x128' -> (32, 128); UsageError naming --latency-shape otherwise."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"--latency-shape '{text}': give batch x tokens, e.g. 32x128, or 'auto'")
+        raise UsageError(f"--latency-shape '{text}': give batch x tokens, e.g. 32x128, 'task' or 'auto'")
     return int(parts[0]), int(parts[1])
 
 
 AUTO_SHAPE = "auto"
+TASK_SHAPE = "task"
 AUTO_BATCH = 32
 AUTO_QUANTILE = 0.9
 
 
-def latency_shape_of(text: str, batches: list[dict] | None) -> tuple[int, int]:
-    """(batch, tokens) of ``--latency-shape``; ``auto``: ``AUTO_BATCH`` x the ``AUTO_QUANTILE``
+def latency_shape_of(text: str, batches: list[dict] | None, max_length: int | None = None
+                     ) -> tuple[int, int]:
+    """(batch, tokens) of ``--latency-shape``; ``task``: ``AUTO_BATCH`` x ``max_length`` (the
+    longest input the task's model reads); ``auto``: ``AUTO_BATCH`` x the ``AUTO_QUANTILE``
     quantile of the calibration inputs' token counts (their attention masks), rounded up to a
     multiple of 8: the speedup aimed at the lengths the model will read."""
+    if text == TASK_SHAPE:
+        if not max_length:
+            raise UsageError("--latency-shape task reads --max-length; give it, or batch x tokens, "
+                             "e.g. 32x128")
+        return AUTO_BATCH, int(max_length)
     if text != AUTO_SHAPE:
         return parse_shape(text)
     lengths = [b["attention_mask"].sum(1) for b in batches or [] if "attention_mask" in b]
@@ -387,27 +408,51 @@ def latency_shape_of(text: str, batches: list[dict] | None) -> tuple[int, int]:
     return AUTO_BATCH, 8 * math.ceil(q / 8)
 
 
+def latency_shape_from(text: str) -> str:
+    """How ``--latency-shape`` was chosen, in words, for the summary."""
+    if text == AUTO_SHAPE:
+        return f"auto: {AUTO_BATCH} x the {AUTO_QUANTILE:.0%} quantile of the calibration texts' token counts"
+    if text == TASK_SHAPE:
+        return f"task: {AUTO_BATCH} x --max-length"
+    return "given"
+
+
 def run_structured(module: torch.nn.Module, cfg: PruneConfig, batches: list[dict] | None = None,
-                   fisher=None) -> dict:
+                   fisher=None, dense_sizes: tuple[list[int], list[int]] | None = None) -> dict:
     """Remove whole heads / FFN neurons: by L2 norm (``compress.pruning.structured``), or with
     ``--criterion fisher`` by Kwon et al.'s search on the calibration ``batches``
     (``compress.pruning.fisher_structured``), against a FLOPs target or, with ``--speedup``, a
     latency table of the shipping runtime (``compress.pruning.latency_structured``; ``fisher``: an
-    importance already computed on the same dense model and batches)."""
+    importance already computed on the same dense model and batches); with ``--criterion obs`` by
+    structured OBS removal with reconstruction (``compress.pruning.obs_structured``; ``fisher`` is
+    then its removal database). ``dense_sizes``: the unpruned model's heads and FFN neurons per
+    layer, which a ``--speedup`` target is relative to, when ``module`` is already pruned (a gradual
+    family's later members)."""
     if cfg.speedup:
         from compress.measure.latency_table import latency_table
-        from compress.pruning.latency_structured import prune_to_speedup
 
-        batch, tokens = latency_shape_of(cfg.latency_shape, batches)
+        batch, tokens = latency_shape_of(cfg.latency_shape, batches, cfg.max_length)
         table = latency_table(module, cfg.latency_runtime, batch, tokens)
-        report = prune_to_speedup(module, batches, table, cfg.speedup[0], tuple(cfg.structured),
-                                  tune=not cfg.no_mask_tuning, fisher=fisher, max_swaps=cfg.max_swaps,
-                                  scale_bound=cfg.scale_bound or None)
+        if cfg.criterion == "obs":
+            from compress.pruning.obs_structured import obs_prune_to_speedup
+
+            report = obs_prune_to_speedup(module, batches, table, cfg.speedup[0], tuple(cfg.structured),
+                                          database=fisher, dense_sizes=dense_sizes)
+        else:
+            from compress.pruning.latency_structured import prune_to_speedup
+
+            report = prune_to_speedup(module, batches, table, cfg.speedup[0], tuple(cfg.structured),
+                                      tune=not cfg.no_mask_tuning, fisher=fisher, max_swaps=cfg.max_swaps,
+                                      scale_bound=cfg.scale_bound or None, dense_sizes=dense_sizes)
         return {**report, "latency_runtime": cfg.latency_runtime, "latency_shape": f"{batch}x{tokens}",
-                **({"latency_shape_from": f"auto: {AUTO_BATCH} x the {AUTO_QUANTILE:.0%} quantile of the "
-                                          "calibration texts' token counts"}
-                   if cfg.latency_shape == AUTO_SHAPE else {}),
+                "latency_shape_from": latency_shape_from(cfg.latency_shape),
                 "latency_table": table.to_dict()}
+    if cfg.criterion == "obs":
+        from compress.pruning.obs_structured import obs_prune_structured
+
+        return obs_prune_structured(module, batches, cfg.flops_reduction, cfg.max_length,
+                                    tuple(cfg.structured),
+                                    database=fisher)
     if cfg.criterion == "fisher":
         from compress.pruning.fisher_structured import fisher_prune_structured
 

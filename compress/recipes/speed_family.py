@@ -10,8 +10,12 @@ export and every member, at batch 1 and at the table's shape -> the report (``fa
 ``family.md``, ``family.png``) naming the fastest model within ``--max-drop`` points of the dense
 model's dev score.
 
-Each target starts from the dense model (the same Fisher, a fresh copy): a later target's search is
-not tied to an earlier one's choices, and the members can be run or re-run independently.
+``--family-mode gradual`` (the default for classification): each target starts from the previous
+member after its recovery (ZipLM's gradual mode), its importance (or removal database) taken anew on
+that member, its target still relative to the dense model, its teacher (``--teacher self``) the
+dense model. ``--family-mode independent`` (and every embedding family): each target starts from
+the dense model with the same importance, so a later target's search is not tied to an earlier
+one's choices and the members can be run or re-run independently.
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ from typing import Any
 from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
+from compress.pruning.criteria import STRUCTURED_SEARCHES
+from compress.pruning.structured import layer_sizes
 from compress.recipes.finetune import load_task_data
 from compress.recipes.post_training import calibration_batches, prune_post_training, read_calibration_text
-from compress.recipes.prune import PruneConfig, latency_shape_of
+from compress.recipes.prune import PruneConfig, latency_shape_from, latency_shape_of
 from compress.tasks import get_task
 
-DEFAULT_MAX_DROP = next(f.default for f in fields(PruneConfig) if f.name == "max_drop")
+# a member is one target: the family's own options go back to their defaults in its config
+_MEMBER_DEFAULTS = {f.name: f.default for f in fields(PruneConfig)
+                    if f.name in ("max_drop", "max_drop_metric", "family_mode")}
 # latency runtime -> how the family ships it: export options (None: the model folder itself) and
 # the bench provider
 SHIPPING = {"ort-int8": ({"optimize": True, "quantize": "int8"}, "cpu"),
@@ -40,9 +48,9 @@ SHIPPING = {"ort-int8": ({"optimize": True, "quantize": "int8"}, "cpu"),
 
 def check_family(cfg: PruneConfig) -> None:
     """What a family needs, before any data or model is read."""
-    if cfg.stage != "post-training" or not cfg.structured or cfg.criterion != "fisher":
+    if cfg.stage != "post-training" or not cfg.structured or cfg.criterion not in STRUCTURED_SEARCHES:
         raise UsageError("--speedup with several targets builds a family of structured models: use it with "
-                         "--stage post-training --structured heads,ffn --criterion fisher")
+                         "--stage post-training --structured heads,ffn --criterion obs (or fisher)")
     family = get_task(cfg.task).family
     if family not in ("classification", "multilabel", "embedding"):
         raise UsageError(f"a --speedup family is scored on classification and embedding tasks; task "
@@ -67,13 +75,24 @@ def run_speed_family(cfg: PruneConfig) -> Path:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
         module, batches, importance = dense_model(cfg)
-        batch, tokens = latency_shape_of(cfg.latency_shape, batches)
+        batch, tokens = latency_shape_of(cfg.latency_shape, batches, cfg.max_length)
+        shape_from = latency_shape_from(cfg.latency_shape)
         cfg = replace(cfg, latency_shape=f"{batch}x{tokens}")  # the members aim at the same shape
+        print(f"latency table: {cfg.latency_runtime} at {batch} x {tokens} ({shape_from})", flush=True)
         table = latency_table(module, cfg.latency_runtime, batch, tokens)
         write_json(run.path / "latency_table.json", table.to_dict())
+        dense_sizes = tuple(layer_sizes(module).values())
         fisher = importance()
         del module, batches, importance
-        members = [_member(cfg, run.path, x, fisher) for x in cfg.speedup]
+        gradual = cfg.family_mode == "gradual" and spec.family != "embedding"
+        members, start = [], cfg.model
+        for x in cfg.speedup:
+            members.append(_member(cfg, run.path, x, fisher, start, dense_sizes))
+            if gradual:  # the next target starts from this member, with an importance of its own
+                start, fisher = str(run.path / members[-1]["run"]), None
+        for m in members:
+            m["started_from"] = m["started_from"] if m["started_from"] == cfg.model else \
+                _relative(m["started_from"], run.path)
         dense = _ship(cfg, cfg.model, run.path / f"dense-{cfg.latency_runtime}.onnx")
         bench = _bench(cfg, run.path, dense, members, batch, tokens)
         _report(cfg, run.path, spec.metric, members, dense, bench, batch, tokens)
@@ -94,7 +113,7 @@ def _classifier_dense(cfg: PruneConfig):
                                           multilabel=data["train"].multilabel, strict_labels=True)
     check_finite_parameters(model, cfg.model)
     batches = calibration_batches(cfg, tokenizer, encode(tokenizer, data["train"], cfg.max_length), lines)
-    return model, batches, lambda: fisher_importance(model, batches)
+    return model, batches, lambda: _importance(cfg, model, batches, fisher_importance)
 
 
 def _embedding_dense(cfg: PruneConfig):
@@ -105,25 +124,52 @@ def _embedding_dense(cfg: PruneConfig):
     from compress.recipes.embedding_prune import load_dense_embedding
 
     model, _, _, batches, _ = load_dense_embedding(cfg)
-    return model.encoder, batches, lambda: embedding_fisher(model, batches, seed=cfg.seed)
+    return model.encoder, batches, lambda: _importance(
+        cfg, model.encoder, batches, lambda m, b: embedding_fisher(model, b, seed=cfg.seed))
 
 
-def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher) -> dict[str, Any]:
-    """One target: the post-training prune (its own run folder) and its shipped form."""
-    member_cfg = replace(cfg, speedup=(target,), out=str(family_dir / f"speedup-{target:g}x"), name=None,
-                         max_drop=DEFAULT_MAX_DROP)
+def _importance(cfg: PruneConfig, module, batches: list[dict], fisher):
+    """What the search reads, taken once on the dense model: the removal database of
+    ``--criterion obs`` (``compress.pruning.obs_structured``), or ``fisher(module, batches)``."""
+    if cfg.criterion == "obs":
+        from compress.pruning.obs_structured import removal_database
+
+        print("removal database: every head and FFN neuron of every layer, removed one at a time", flush=True)
+        return removal_database(module, batches, tuple(cfg.structured))
+    print("Fisher importance of every head and FFN neuron", flush=True)
+    return fisher(module, batches)
+
+
+def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher, start: str,
+            dense_sizes: tuple[list[int], list[int]]) -> dict[str, Any]:
+    """One target: the post-training prune of ``start`` (the dense model, or the previous member of a
+    gradual family; its own run folder) and its shipped form."""
+    import time
+
+    from compress.distill.teacher_kd import TEACHER_SELF
+
+    t0 = time.time()
+    teacher = cfg.model if cfg.teacher == TEACHER_SELF and start != cfg.model else cfg.teacher
+    member_cfg = replace(cfg, model=start, teacher=teacher, speedup=(target,), name=None,
+                         out=str(family_dir / f"speedup-{target:g}x"), **_MEMBER_DEFAULTS)
+    print(f"member {target:g}x: pruning {'the dense model' if start == cfg.model else Path(start).name}",
+          flush=True)
     if get_task(cfg.task).family == "embedding":
         from compress.recipes.embedding_prune import prune_post_training_embedding
 
         path = prune_post_training_embedding(member_cfg, fisher=fisher)
     else:
-        path = prune_post_training(member_cfg, fisher=fisher)
+        path = prune_post_training(member_cfg, fisher=fisher, dense_sizes=dense_sizes)
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     s = summary["structured"]
     shipped = _ship(cfg, str(path), path / f"model-{cfg.latency_runtime}.onnx")
     return {"label": f"{target:g}x", "target": target, "run": path.name, "summary": summary,
+            "started_from": start, "seconds": round(time.time() - t0, 1),
             "score_fp32": summary["eval"]["score"],
             "score_before_recovery": summary["eval_pruned_before_recovery"]["score"],
+            "macro_f1_fp32": summary["eval"].get("macro_f1"),
+            "macro_f1_before_recovery": summary["eval_pruned_before_recovery"].get("macro_f1"),
+            "macro_f1_int8": (shipped.get("metrics") or {}).get("macro_f1"),
             "score_int8": shipped["score"], "shipped": shipped,
             "predicted_speedup": s["predicted_speedup"], "heads_kept": sum(s["layer_heads"]),
             "ffn_kept": sum(s["layer_ffn"]), "attention_blocks_removed": s["attention_blocks_removed"],
@@ -156,8 +202,10 @@ def _bench(cfg: PruneConfig, family_dir: Path, dense: dict, members: list[dict],
     _, provider = SHIPPING[cfg.latency_runtime]
     entries = [f"dense-eager-fp32={cfg.model}", f"dense-{cfg.latency_runtime}={dense['path']}"]
     entries += [f"{m['label']}={m['shipped']['path']}" for m in members]
+    # at the table's shape, and at 128 tokens for comparison with the usual benchmark shape
     return run_bench(BenchConfig(models=tuple(entries), batch_sizes=tuple(sorted({1, batch})),
-                                 seq_lens=(tokens,), runtimes=("torch",), provider=provider,
+                                 seq_lens=tuple(sorted({tokens, 128})), runtimes=("torch",),
+                                 provider=provider,
                                  out=str(family_dir / "bench")))
 
 
@@ -165,22 +213,42 @@ def _report(cfg: PruneConfig, family_dir: Path, metric: str, members: list[dict]
             bench: dict, batch: int, tokens: int) -> None:
     from compress.report.speed_family import family_rows, fastest_within, format_family_table, plot_family
 
-    shapes = sorted({(1, tokens), (batch, tokens)})
-    dense_fp32 = members[0]["summary"]["eval_dense"]["score"]
+    shapes = sorted({(1, tokens), (batch, tokens), (1, 128), (batch, 128)})
+    dense_eval = members[0]["summary"]["eval_dense"]  # the first member always starts from dense
+    dense_fp32 = dense_eval["score"]
     rows = family_rows([{k: v for k, v in m.items() if k != "summary"} for m in members], bench["rows"],
                        shapes, dense_int8=f"dense-{cfg.latency_runtime}")
     speed_key = f"vs_dense_int8_{batch}x{tokens}"
-    best = fastest_within(rows, dense_fp32, cfg.max_drop, speed_key)
+    by_macro = cfg.max_drop_metric == "macro_f1"
+    judged = "macro-F1" if by_macro else metric
+    dense_judged = dense_eval.get("macro_f1") if by_macro else dense_fp32
+    if dense_judged is None:
+        raise UsageError(f"--max-drop-metric macro_f1: task '{cfg.task}' reports no macro-F1; use "
+                         "--max-drop-metric task")
+    best = fastest_within(rows, dense_judged, cfg.max_drop, speed_key,
+                          "macro_f1_int8" if by_macro else "score_int8")
     table = format_family_table(rows, shapes, dense_fp32, metric)
-    verdict = (f"fastest within {cfg.max_drop:g} point(s) of dense ({100 * dense_fp32:.2f}): {best['label']} "
-               f"({best[speed_key]:.2f}x the dense {cfg.latency_runtime} export at {batch}x{tokens})"
-               if best else f"no model is within {cfg.max_drop:g} point(s) of dense ({100 * dense_fp32:.2f})")
+    verdict = (f"fastest within {cfg.max_drop:g} point(s) of dense {judged} ({100 * dense_judged:.2f}): "
+               f"{best['label']} ({best[speed_key]:.2f}x the dense {cfg.latency_runtime} export at "
+               f"{batch}x{tokens})" if best else
+               f"no model is within {cfg.max_drop:g} point(s) of dense {judged} ({100 * dense_judged:.2f})")
     shipped = "" if dense["score"] is None else f", {dense['score']:.4f} ({cfg.latency_runtime})"
-    dense_line = f"dense: {metric} {dense_fp32:.4f} (PyTorch fp32){shipped}"
+    macro = "" if dense_eval.get("macro_f1") is None else f"; macro-F1 {dense_eval['macro_f1']:.4f}"
+    gradual = cfg.family_mode == "gradual" and get_task(cfg.task).family != "embedding"
+    mode = ("gradual: each target from the previous member after its recovery" if gradual
+            else "independent: each target from the dense model")
+    dense_line = (f"dense: {metric} {dense_fp32:.4f} (PyTorch fp32){shipped}{macro}\n"
+                  f"criterion: {cfg.criterion}; family: {mode}; latency table at {batch} x {tokens}; "
+                  f"family wall clock {sum(m['seconds'] for m in members):.0f} s for the members")
     for shipped in [dense] + [r["shipped"] for r in rows]:  # the folder is renamed when done
         shipped["path"] = _relative(shipped["path"], family_dir)
     write_json(family_dir / "family.json", {"metric": metric, "dense_score": dense_fp32,
+                                            "dense_macro_f1": dense_eval.get("macro_f1"),
                                             "dense_shipped": dense, "max_drop": cfg.max_drop,
+                                            "max_drop_metric": cfg.max_drop_metric,
+                                            "criterion": cfg.criterion,
+                                            "family_mode": "gradual" if gradual else "independent",
+                                            "members_seconds": sum(m["seconds"] for m in members),
                                             "speed_key": speed_key, "rows": rows,
                                             "fastest_within_budget": best and best["label"],
                                             "bench_run": Path(bench["run_dir"]).name,

@@ -99,8 +99,48 @@ def test_a_family_builds_exports_benches_and_names_the_fastest(finetuned, tmp_pa
     assert main(["verify", str(out / "speedup-2.5x")]) == 0
 
 
+def test_a_gradual_obs_family_starts_each_member_from_the_previous_one(finetuned, tmp_path, capsys):
+    out = tmp_path / "gradual"
+    obs = [a if a != "fisher" else "obs" for a in SPEED]
+    assert main(["prune", "--model", str(finetuned), *obs, "--speedup", "1.5,2.5", "--max-drop", "100",
+                 "--max-drop-metric", "macro_f1", *FAST, "--recovery-steps", "1", "--teacher", "self",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "member 2.5x: pruning speedup-1.5x" in printed
+    family = json.loads((out / "family.json").read_text())
+    assert family["family_mode"] == "gradual" and family["criterion"] == "obs"
+    first, second = (json.loads((out / f"speedup-{t}x" / "summary.json").read_text()) for t in ("1.5", "2.5"))
+    # the second member starts from the first after its recovery: the model it scores before pruning is
+    # the first member as saved, with the same dev metrics to the last digit
+    assert second["eval_dense"] == first["eval"]
+    assert family["rows"][1]["started_from"] == "speedup-1.5x"
+    # its target is still relative to the dense model, whose teacher it distils from
+    assert second["structured"]["dense_predicted_ms"] == first["structured"]["dense_predicted_ms"]
+    assert second["structured"]["predicted_speedup"] >= 2.5
+    h1, h2 = first["structured"]["layer_heads"], second["structured"]["layer_heads"]
+    assert all(b <= a for a, b in zip(h1, h2))
+    assert second["structured"]["method"].startswith("structured OBS")
+    for row in family["rows"]:
+        assert 0 <= row["macro_f1_int8"] <= 1 and row["macro_f1_fp32"] is not None
+    assert family["max_drop_metric"] == "macro_f1" and family["fastest_within_budget"] is not None
+    assert "macro-F1" in (out / "family.md").read_text()
+    assert main(["verify", str(out / "speedup-2.5x")]) == 0
+
+
+def test_the_default_latency_shape_follows_max_length(finetuned, tmp_path):
+    out = tmp_path / "task-shape"
+    args = [a for a in SPEED if a not in ("--latency-shape", "4x32")]
+    assert main(["prune", "--model", str(finetuned), *args, "--speedup", "1.5", "--batch-size", "8",
+                 "--max-length", "24", "--calibration-samples", "16", "--out", str(out)]) == 0
+    result = json.loads((out / "summary.json").read_text())["structured"]
+    assert result["latency_shape"] == "32x24" and result["latency_shape_from"].startswith("task")
+    assert json.loads((out / "latency_table.json").read_text())["seq_len"] == 24
+
+
 @pytest.mark.parametrize("args, words", [
-    (["--stage", "post-training", "--speedup", "2"], "--speedup set the target of --criterion fisher"),
+    (["--stage", "post-training", "--speedup", "2"], "--speedup set the target of --criterion obs or fisher"),
+    ([*SPEED, "--speedup", "2", "--family-mode", "independent"], "--family-mode applies to a --speedup family"),
+    ([*SPEED, "--speedup", "2", "--max-drop-metric", "macro_f1"], "--max-drop-metric applies"),
     ([*SPEED, "--speedup", "2", "--flops-reduction", "0.3"], "two targets"),
     ([*SPEED, "--speedup", "0.5"], "speedup"),
     ([*SPEED, "--speedup", "3,2"], "increasing order"),
