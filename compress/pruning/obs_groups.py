@@ -95,15 +95,24 @@ def remove_groups(weight: torch.Tensor, gram: torch.Tensor, group_size: int = 1,
     h, added = _damping(gram, percdamp)
     hinv = torch.cholesky_inverse(torch.linalg.cholesky(h))
     w0 = weight.detach().to(torch.float64)
+    if group_size == 1:
+        w, order, errors = _remove_columns(w0, hinv, added, remove)
+    else:
+        w, order, errors = _remove_blocks(w0, hinv, added, group_size, remove)
+    return w.to(weight.dtype), RemovalPath(tuple(order), tuple(errors))
+
+
+def _remove_blocks(w0: torch.Tensor, hinv: torch.Tensor, added: torch.Tensor, size: int, remove: int):
+    """The general sweep: groups of ``size`` columns (a head's), one at a time."""
+    groups = w0.shape[1] // size
     w = w0.clone()
     alive = torch.ones(groups, dtype=torch.bool)
     order, errors, damped = [], [0.0], 0.0
     for _ in range(remove):
-        scores = _group_scores(w, hinv, group_size, alive)
+        scores = _group_scores(w, hinv, size, alive)
         g = int(torch.argmin(scores))
-        cols_g = slice(g * group_size, (g + 1) * group_size)
-        block_inv = torch.linalg.inv(hinv[cols_g, cols_g])
-        rows = block_inv @ hinv[cols_g, :]  # [size, in]
+        cols_g = slice(g * size, (g + 1) * size)
+        rows = torch.linalg.inv(hinv[cols_g, cols_g]) @ hinv[cols_g, :]  # [size, in]
         w -= w[:, cols_g] @ rows
         w[:, cols_g] = 0.0
         hinv -= hinv[:, cols_g] @ rows
@@ -113,7 +122,42 @@ def remove_groups(weight: torch.Tensor, gram: torch.Tensor, group_size: int = 1,
         damped += float(scores[g])
         order.append(g)
         errors.append(max(0.0, damped - float((((w - w0) ** 2).sum(0) * added).sum())))
-    return w.to(weight.dtype), RemovalPath(tuple(order), tuple(errors))
+    return w, order, errors
+
+
+def _remove_columns(w0: torch.Tensor, hinv: torch.Tensor, added: torch.Tensor, remove: int):
+    """The sweep for single columns (FFN neurons), the same arithmetic as ``_remove_blocks`` at
+    ``size`` 1 on a working copy that drops the removed columns (and the inverse's rows and columns)
+    every few removals, so each step costs the columns still there, not all of them."""
+    cols = w0.shape[1]
+    idx = torch.arange(cols)  # the original column of each working column
+    w, ref, damp = w0.clone(), w0.clone(), added.clone()  # ref: the original weights, removed ones zero
+    gone = torch.zeros(cols, dtype=torch.bool)  # working columns removed since the last compaction
+    order, errors, damped, removed_penalty = [], [0.0], 0.0, 0.0
+    inf = torch.tensor(float("inf"), dtype=w.dtype)
+    for _ in range(remove):
+        d = torch.diagonal(hinv)
+        scores = torch.where(gone, inf, (w * w).sum(0) / d)
+        q = int(torch.argmin(scores))
+        row = hinv[q] / d[q]
+        w.addr_(w[:, q].clone(), row, alpha=-1.0)
+        hinv.addr_(hinv[:, q].clone(), row, alpha=-1.0)
+        w[:, q] = 0.0
+        removed_penalty += float(damp[q] * (ref[:, q] ** 2).sum())
+        ref[:, q] = 0.0
+        gone[q] = True
+        order.append(int(idx[q]))
+        damped += float(scores[q])
+        if int(gone.sum()) * 8 >= len(gone) or len(order) == remove:
+            keep = ~gone
+            w, ref, damp, idx = w[:, keep], ref[:, keep], damp[keep], idx[keep]
+            hinv = hinv[keep][:, keep]
+            gone = torch.zeros(len(idx), dtype=torch.bool)
+        penalty = removed_penalty + float((((w - ref) ** 2).sum(0) * damp).sum())
+        errors.append(max(0.0, damped - penalty))
+    full = torch.zeros_like(w0)
+    full[:, idx[~gone]] = w[:, ~gone]
+    return full, order, errors
 
 
 def output_error(weight: torch.Tensor, new_weight: torch.Tensor, gram: torch.Tensor) -> float:

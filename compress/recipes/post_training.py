@@ -33,6 +33,7 @@ from compress.pruning.structured import check_removable
 from compress.pruning.targets import select_targets
 from compress.recipes.finetune import evaluate_classifier, load_task_data
 from compress.recipes.prune import PruneConfig, pruning_meta, run_name, run_structured, save_pruned
+from compress.training.balance import oversample_small_classes
 from compress.training.loop import encode, set_seed, train
 from compress.training.trackers import start_tracking
 
@@ -223,7 +224,12 @@ def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path
             hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
             kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], once.feats, multilabel,
                                   run)
-            steps = train(model, tokenizer, kd.pop("feats"), replace(cfg, max_steps=cfg.recovery_steps),
+            feats = kd.pop("feats")
+            if not multilabel:  # a small class gets drawn again, so a fixed number of steps keeps it
+                feats, balance = oversample_small_classes(feats, len(labels), cfg.recovery_class_floor,
+                                                          cfg.seed)
+                run.log_metrics({"phase": "recovery", "class_balance": balance})
+            steps = train(model, tokenizer, feats, replace(cfg, max_steps=cfg.recovery_steps),
                           hooks, log=lambda r: run.log_metrics({"phase": "recovery", **r}),
                           checkpoint_dir=run.checkpoint_dir, **kd)["steps"]
             metrics = score()

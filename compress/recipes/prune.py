@@ -115,6 +115,10 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     recovery_steps: int | None = option(None, help="after-finetune: training steps with masks after "
                                                    "pruning; unset = as many as the dense "
                                                    "fine-tuning. post-training: unset = none")
+    recovery_class_floor: float = option(0.5, help="post-training recovery, single-label tasks: a class "
+                                                   "with fewer than F x its even share of the training "
+                                                   "examples is drawn again up to that share, so the "
+                                                   "recovery keeps it; 0 = off")
     calibration_samples: int = option(512, help="post-training: training examples (never the dev "
                                                 "split) run through the model to choose the masks")
     calibration_data: str | None = option(None, help="post-training: calibrate on this text file, or "
@@ -207,6 +211,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         if self.recovery_steps is not None and self.stage not in ("after-finetune", "post-training"):
             raise UsageError("--recovery-steps applies to --stage after-finetune and post-training only")
         check_range("calibration_samples", self.calibration_samples, 1)
+        check_range("recovery_class_floor", self.recovery_class_floor, 0, 1)
         self._check_calibration()
         if self.corpus and self.stage != "pretrain":
             raise UsageError("--corpus applies to --stage pretrain only")

@@ -103,6 +103,26 @@ def test_fisher_structured_reaches_the_flops_target_and_reloads(finetuned, tmp_p
     assert main(["eval", "--model", str(out), "--max-length", "32"]) == 0
 
 
+def test_obs_structured_reaches_the_flops_target_recovers_balanced_and_reloads(finetuned, tmp_path):
+    out = tmp_path / "obs"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--structured",
+                 "heads,ffn", "--criterion", "obs", "--flops-reduction", "0.4", "--calibration-samples", "16",
+                 "--recovery-steps", "2", "--recovery-class-floor", "1.0", *FAST, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    result = summary["structured"]
+    assert result["flops_reduction"] >= 0.4 and result["method"].startswith("structured OBS")
+    assert len(result["layer_error"]["attention"]) == 2
+    # the sample's classes are not exactly even: with the floor at the even share, the smaller one is
+    # drawn again up to it before the recovery
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    balance = next(r["class_balance"] for r in rows if "class_balance" in r)
+    assert balance["floor"] == 1.0 and balance["classes"]
+    for before, after in balance["classes"].values():
+        assert before < after
+    assert main(["verify", str(out)]) == 0
+    assert main(["eval", "--model", str(out), "--max-length", "32"]) == 0
+
+
 def test_the_calibration_reads_the_training_split_only(finetuned, tmp_path, monkeypatch):
     import compress.pruning.calibration as cal
 

@@ -139,7 +139,7 @@ def test_the_default_latency_shape_follows_max_length(finetuned, tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--stage", "post-training", "--speedup", "2"], "--speedup set the target of --criterion obs or fisher"),
-    ([*SPEED, "--speedup", "2", "--family-mode", "independent"], "--family-mode applies to a --speedup family"),
+    ([*SPEED, "--speedup", "2", "--family-mode", "independent"], "--family-mode applies to a --speedup"),
     ([*SPEED, "--speedup", "2", "--max-drop-metric", "macro_f1"], "--max-drop-metric applies"),
     ([*SPEED, "--speedup", "2", "--flops-reduction", "0.3"], "two targets"),
     ([*SPEED, "--speedup", "0.5"], "speedup"),
