@@ -33,6 +33,10 @@ class CorruptFileError(CompressError):
     """A saved file (weights, masks) is truncated or unreadable: a copy cut short, a full disk."""
 
 
+class MeasurementError(CompressError):
+    """A timing cannot be trusted (the machine was busy while it ran): nothing is built on it."""
+
+
 class TrainingDivergedError(CompressError):
     """The training loss became NaN or infinite: the run stops and saves no model."""
 
