@@ -285,17 +285,19 @@ def test_structured_fisher_on_an_mpnet_embedding_model_without_a_role_table(data
     assert "import compress" not in card  # importing compress does not register a discovered type
 
 
+@pytest.mark.parametrize("criterion", ["fisher", "obs"])
 def test_a_speedup_family_of_embedding_models_is_scored_on_retrieval_and_names_the_fastest(
-        tiny_bert, data_dir, tmp_path, monkeypatch):
+        criterion, tiny_bert, data_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("COMPRESS_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "family"
     r = run_cli("prune", "--stage", "post-training", "--task", "embedding", "--model", str(tiny_bert),
-                "--structured", "heads,ffn", "--criterion", "fisher", "--speedup", "1.5,2.5",
+                "--structured", "heads,ffn", "--criterion", criterion, "--speedup", "1.5,2.5",
                 "--latency-shape", "4x32", "--max-drop", "100", "--data-dir", str(data_dir),
                 "--out", str(out), *FAST)
     assert r.returncode == 0, r.stderr
     family = json.loads((out / "family.json").read_text())
     assert family["metric"] == "p@1" and [row["label"] for row in family["rows"]] == ["1.5x", "2.5x"]
+    assert family["criterion"] == criterion and family["family_mode"] == "independent"
     dense = json.loads((out / "speedup-1.5x" / "summary.json").read_text())["eval_dense"]
     assert family["dense_score"] == pytest.approx(dense["reqa"]["p@1"])
     for row, target in zip(family["rows"], (1.5, 2.5)):
