@@ -250,3 +250,15 @@ def test_a_non_finite_model_is_refused_before_any_change():
     with pytest.raises(UsageError, match="non-finite"):
         obs_prune_structured(model, batches(model), 0.5, seq_len=10)
     assert torch.equal(encoder_layers(model)[1].linears["attn_out"].weight, before)
+
+
+def test_a_structured_target_without_a_criterion_goes_to_the_reconstruction():
+    from compress.recipes.prune import PruneConfig
+
+    for target in ({"flops_reduction": 0.3}, {"speedup": (2.0,)}):
+        cfg = PruneConfig(stage="post-training", structured=("heads", "ffn"), **target)
+        assert cfg.criterion == "obs"
+    assert PruneConfig(stage="post-training", structured=("heads", "ffn"), criterion="fisher",
+                       flops_reduction=0.3).criterion == "fisher"
+    # without a target, --structured ranks by L2 norm as before
+    assert PruneConfig(structured=("heads", "ffn")).criterion == "magnitude"
