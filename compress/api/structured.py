@@ -26,11 +26,13 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
                            flops_reduction: float | None = None, speedup: float | None = None,
                            seq_len: int = 128, targets: Sequence[str] = TARGETS,
                            latency_runtime: str = "ort-int8", latency_batch: int = 32,
-                           tune: bool = True) -> dict[str, Any]:
-    """Remove heads and FFN neurons of ``model`` in place, once, by Fisher importance on
-    ``calibration`` (batches of the model's inputs; with ``labels`` the task loss, without them the
-    cross-entropy against the model's own predictions), then rearrange and tune the kept units'
-    scales by least squares on the same batches (Kwon et al. 2022). Give exactly one target:
+                           tune: bool = True, method: str = "obs") -> dict[str, Any]:
+    """Remove heads and FFN neurons of ``model`` in place, once, from ``calibration`` (batches of
+    the model's inputs). ``method="obs"`` (default): one at a time with the optimal update of what
+    each layer keeps (structured OBS, ZipLM; ``compress.pruning.obs_structured``); ``"fisher"``: by
+    Fisher importance (with ``labels`` the task loss, without them the cross-entropy against the
+    model's own predictions), then rearrange and tune the kept units' scales by least squares on the
+    same batches (Kwon et al. 2022; ``tune`` applies to it). Give exactly one target:
 
     - ``flops_reduction`` F: the encoder's FLOPs at ``seq_len`` tokens drop by at least F;
     - ``speedup`` S: the latency table of ``model``'s architecture in ``latency_runtime`` at
@@ -43,6 +45,8 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
     from compress.pruning.structured import check_removable
 
     check.check_module("model", model)
+    if method not in ("obs", "fisher"):
+        raise UsageError(f"unknown method '{method}'; choose obs (reconstruction) or fisher (rescaling)")
     if (flops_reduction is None) == (speedup is None):
         raise UsageError("give exactly one target: flops_reduction=F (0 < F < 1) or speedup=S (S > 1)")
     if flops_reduction is not None:
@@ -59,13 +63,23 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
     if len({"labels" in b for b in batches}) > 1:
         raise UsageError("either every calibration batch carries 'labels' or none does")
     check_removable(model, targets)
+    if flops_reduction is not None and method == "obs":
+        from compress.pruning.obs_structured import obs_prune_structured
+
+        return obs_prune_structured(model, batches, flops_reduction, seq_len, targets)
     if flops_reduction is not None:
         from compress.pruning.fisher_structured import fisher_prune_structured
 
         return fisher_prune_structured(model, batches, flops_reduction, seq_len, targets, tune=tune)
     from compress.measure.latency_table import latency_table
-    from compress.pruning.latency_structured import prune_to_speedup
 
     table = latency_table(model, latency_runtime, latency_batch, seq_len)
-    report = prune_to_speedup(model, batches, table, float(speedup), targets, tune=tune)
+    if method == "obs":
+        from compress.pruning.obs_structured import obs_prune_to_speedup
+
+        report = obs_prune_to_speedup(model, batches, table, float(speedup), targets)
+    else:
+        from compress.pruning.latency_structured import prune_to_speedup
+
+        report = prune_to_speedup(model, batches, table, float(speedup), targets, tune=tune)
     return {**report, "latency_runtime": latency_runtime, "latency_shape": f"{latency_batch}x{seq_len}"}

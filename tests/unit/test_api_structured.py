@@ -17,14 +17,17 @@ def _labelled(n: int = 2) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("model_type", ["bert", "ernie"])
-def test_a_flops_target_is_met_and_the_saved_folder_reloads(model_type, tmp_path):
+@pytest.mark.parametrize("method", ["obs", "fisher"])
+def test_a_flops_target_is_met_and_the_saved_folder_reloads(model_type, method, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from compress.models.loading import load_pretrained, packaged_model_path
 
     model = tiny_model(model_type)
-    report = compress.prune_structured_model(model, _labelled(), flops_reduction=0.3, seq_len=12)
+    report = compress.prune_structured_model(model, _labelled(), flops_reduction=0.3, seq_len=12,
+                                             method=method)
     assert report["flops_reduction"] >= 0.3
+    assert report["method"].startswith("structured OBS" if method == "obs" else "fisher")
     assert sum(report["layer_heads"]) < 8 or sum(report["layer_ffn"]) < 2 * 37
     assert type(model).__name__.startswith("Compress")
     tok = AutoTokenizer.from_pretrained(packaged_model_path("minilm"))
@@ -45,15 +48,16 @@ def smallest_table():
     return replace(hand_table("smallest"), ffn_width=37, widths=(1, 8, 37))
 
 
+@pytest.mark.parametrize("method", ["obs", "fisher"])
 @pytest.mark.parametrize("model_type", ["ernie", "mpnet"])
-def test_a_speedup_target_is_met_by_the_latency_table(model_type, monkeypatch):
+def test_a_speedup_target_is_met_by_the_latency_table(model_type, method, monkeypatch):
     import compress.measure.latency_table as latency
 
     table = smallest_table()
     monkeypatch.setattr(latency, "latency_table", lambda *a, **k: table)
     model = tiny_model(model_type)
     report = compress.prune_structured_model(model, [batch(1), batch(2)], speedup=1.5, seq_len=16,
-                                             latency_runtime="torch", latency_batch=2)
+                                             latency_runtime="torch", latency_batch=2, method=method)
     assert report["predicted_speedup"] >= 1.5 and report["latency_shape"] == "2x16"
     assert table.predicted_speedup(report["layer_heads"], report["layer_ffn"]) >= 1.5
     assert min(report["layer_heads"]) >= 1  # a discovered type keeps a head in every layer
@@ -76,6 +80,7 @@ def test_the_timed_models_of_mpnet_cut_its_position_bias_to_their_heads():
     ({"flops_reduction": 0}, "flops_reduction"),
     ({"speedup": 0.5}, "speedup"),
     ({"speedup": 1.5, "targets": ("heads", "mlp")}, "mlp"),
+    ({"speedup": 1.5, "method": "l2"}, "unknown method 'l2'"),
 ])
 def test_bad_targets_are_refused_with_the_model_unchanged(kwargs, message):
     model = tiny_model("bert")
