@@ -334,8 +334,8 @@ def save_sentence_transformer(model: SentenceEncoder, tokenizer, folder: Path, m
     fails, out of memory among others), the pruned
     folder is saved without it, opened by sentence-transformers only with ``trust_remote_code=True``;
     the reason is returned (None otherwise) and printed as a warning."""
-    from compress.measure.verdict import is_structured_config
     from compress.models.loading import save_model
+    from compress.models.modeling_pruned import is_structured_config
 
     p = model.pooling
     stock, missing = None, None

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from compress.retrieval.metrics import order_from_scores, retrieval_metrics
 from compress.tasks.embedding import EmbeddingEval
+from compress.tasks.ranking import order_from_scores, retrieval_metrics
 
 Encode = Callable[[Sequence[str]], torch.Tensor]
 PRIMARY = "p@1"

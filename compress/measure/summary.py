@@ -84,7 +84,8 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
     from compress.export.inputs import example_inputs
     from compress.measure.flops import count_flops
     from compress.measure.params import count_params
-    from compress.measure.verdict import is_structured_config, speed_verdict
+    from compress.measure.verdict import speed_verdict
+    from compress.models.modeling_pruned import is_structured_config
 
     model = loaded.model
     device = next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -169,20 +169,12 @@ def exported_kind(onnx_path: str | Path) -> str | None:
     return (read_export_report(onnx_path) or {}).get("kind")
 
 
-def is_structured_config(config) -> bool:
-    """Whether a model config (an object or ``config.json``'s dict) records resized layers: per-layer
-    head counts, FFN widths or both (a discovered type pruned FFN-only keeps ``layer_heads`` None)."""
-    fields = ("layer_heads", "layer_intermediate")
-    if isinstance(config, dict):
-        return any(config.get(f) is not None for f in fields)
-    return any(getattr(config, f, None) is not None for f in fields)
-
-
 def is_structured_source(src: str | None) -> bool:
     """Whether ``src`` (the PyTorch model an ONNX file came from) is a structured-pruned encoder
     (``is_structured_config``)."""
     from compress.core.errors import ModelError
     from compress.models.loading import resolve_model
+    from compress.models.modeling_pruned import is_structured_config
 
     if src is None:
         return False

@@ -257,6 +257,15 @@ def _make_empty(module: nn.Module, forward) -> None:
     module.__class__ = _EMPTY_VARIANTS[key]
 
 
+def is_structured_config(config) -> bool:
+    """Whether a model config (an object or ``config.json``'s dict) records resized layers: per-layer
+    head counts, FFN widths or both (a discovered type pruned FFN-only keeps ``layer_heads`` None)."""
+    fields = ("layer_heads", "layer_intermediate")
+    if isinstance(config, dict):
+        return any(config.get(f) is not None for f in fields)
+    return any(getattr(config, f, None) is not None for f in fields)
+
+
 def can_empty_blocks(model_type: str) -> bool:
     """Whether this architecture can remove a whole attention or FFN block (every unit of it)."""
     layout = MODULE_PATHS.get(base_model_type(model_type))
@@ -468,5 +477,6 @@ def register_auto_classes(model_types=()) -> None:
 
 
 __all__ = ["MODULE_PATHS", "PRUNED_CLASSES", "PRUNED_CLASS_OF", "can_empty_blocks", "empty_blocks",
+           "is_structured_config",
            "hold_heads", "layout_of", "resize_head_extra", "pruned_class_of", "pruned_classes_for",
            "register_auto_classes", "resize_pruned_layers", "write_remote_code"]

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from compress.core.errors import ModelError
-from compress.measure.verdict import is_structured_config
 from compress.models.architectures import (
     DISCOVERY_ATTR,
     encoder_layers,
@@ -34,7 +33,7 @@ from compress.models.architectures import (
     head_layout,
     layout_from_dict,
 )
-from compress.models.modeling_pruned import PRUNED_CLASS_OF, base_model_type
+from compress.models.modeling_pruned import PRUNED_CLASS_OF, base_model_type, is_structured_config
 from compress.pruning.structured import (
     PROBE_TOLERANCE,
     _first_output,

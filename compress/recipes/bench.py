@@ -258,7 +258,8 @@ def _torch_targets(cfg: BenchConfig, label: str, path: str, setup: BenchSetup,
     from compress.export.loading import load_torch_model
     from compress.export.onnx import export_checked
     from compress.export.ort import OrtModel
-    from compress.measure.verdict import is_structured_config, speed_verdict
+    from compress.measure.verdict import speed_verdict
+    from compress.models.modeling_pruned import is_structured_config
     from compress.recipes.export import warning_lines
 
     device = setup.device

@@ -19,7 +19,6 @@ from compress.core.config import check_choice, check_range, option, option_like,
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir
 from compress.distill.augment import OPERATORS, AugmentConfig, augment_texts, require_nltk_data
-from compress.distill.comparison import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.distill.embeddings import (
     check_embed_dim,
     check_embedding_spec,
@@ -51,6 +50,7 @@ from compress.distill.train import (
 )
 from compress.models.loading import PACKAGED, load_classifier, load_tokenizer, resolve_model
 from compress.recipes.finetune import TaskDataConfig
+from compress.report.distillation import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.tasks import DataOptions, data_dir_from_env
 from compress.tasks.metrics import compute_metrics
 from compress.training.loop import TrainConfig

@@ -1,5 +1,5 @@
 """``compress distill --task embedding --student static``: a sentence-embedding teacher distilled into
-static token vectors (``compress.distill.static_embedding``), scored on the embedding task beside the
+static token vectors (``compress.embedding.static``), scored on the embedding task beside the
 teacher and, where the ``model2vec`` package is installed, beside Model2Vec's own distillation of
 the same teacher at the same width; each encodes the same held-out texts once more, timed, for its
 sentences per second on this machine.
@@ -21,9 +21,9 @@ import torch
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
-from compress.distill.static_embedding import DEFAULT_DIMS, SIF_COEFFICIENT, WEIGHTINGS, distil_static
 from compress.embedding.model import ST_MODEL_CONFIG, load_sentence_encoder
 from compress.embedding.scores import brief, embedding_scores
+from compress.embedding.static import DEFAULT_DIMS, SIF_COEFFICIENT, WEIGHTINGS, distil_static
 from compress.recipes.embedding import encoder_scorer, load_eval_data, refuse_non_embedding_model
 from compress.tasks.base import DataOptions, data_dir_from_env
 from compress.tasks.embedding import EMBEDDING_TASK, unlabelled_text

@@ -25,8 +25,8 @@ from compress.retrieval.dual_encoder import (
     load_dual_encoder,
     train_dual_encoder,
 )
-from compress.retrieval.metrics import retrieval_metrics
 from compress.tasks import get_task
+from compress.tasks.ranking import retrieval_metrics
 from compress.tasks.retrieval import ReQADataset, load_reqa_split
 from compress.training.trackers import start_tracking
 

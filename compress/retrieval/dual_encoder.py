@@ -89,7 +89,7 @@ def embed_texts(model: DualEncoder, tokenizer, texts: Sequence[str], max_length:
 def dual_encoder_order(model: DualEncoder, tokenizer, questions: Sequence[str], sentences: Sequence[str],
                        max_length: int, batch_size: int = 128) -> np.ndarray:
     """Candidates ranked by cosine similarity for each question: (n_questions, n_sentences)."""
-    from compress.retrieval.metrics import order_from_scores
+    from compress.tasks.ranking import order_from_scores
 
     q = embed_texts(model, tokenizer, questions, max_length, batch_size)
     s = embed_texts(model, tokenizer, sentences, max_length, batch_size)

@@ -67,9 +67,9 @@ def test_a_prompted_model_is_scored_and_saved_with_its_prompts(tiny_bert, data_d
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    from compress.retrieval.metrics import order_from_scores, retrieval_metrics
     from compress.tasks.base import DataOptions
     from compress.tasks.embedding import load_embedding_eval
+    from compress.tasks.ranking import order_from_scores, retrieval_metrics
     from tests.unit.test_embedding import write_st_config
 
     folder = tmp_path / "e5"

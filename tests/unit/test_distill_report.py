@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compress.distill.comparison import teacher_agreement
+from compress.report.distillation import teacher_agreement
 
 
 def test_single_label_agreement_and_split_accuracy():
@@ -39,7 +39,7 @@ def test_bert_flops_formula_reads_distilbert_configs():
     2 layers x (8 x (4 x 32^2 + 2 x 32 x 64) + 2 x 8^2 x 32) + 32^2 + 32 x 2 MACs."""
     from transformers import BertConfig, DistilBertConfig
 
-    from compress.distill.comparison import bert_flops_formula
+    from compress.report.distillation import bert_flops_formula
 
     macs = 2 * (8 * (4 * 32 * 32 + 2 * 32 * 64) + 2 * 64 * 32) + 32 * 32 + 32 * 2
     distil = DistilBertConfig(n_layers=2, dim=32, n_heads=4, hidden_dim=64)
@@ -58,7 +58,7 @@ def test_flops_are_printed_in_the_unit_that_fits(flops, text):
 
 
 def test_distill_table_states_the_length_and_prints_a_logreg_in_flops():
-    from compress.distill.comparison import format_table
+    from compress.report.distillation import format_table
 
     rows = [{"model": "teacher (run)", "score": 0.9, "params": 22_000_000, "flops": 2_700_000_000,
              "flops_ratio": 1.0},

@@ -258,7 +258,7 @@ def test_cosine_distillation_loss_is_zero_for_the_teacher_and_training_lowers_it
 
 
 def test_static_student_token_vectors_are_the_teachers_pooled_outputs(tiny_bert):
-    from compress.distill.static_embedding import special_ids, token_vectors
+    from compress.embedding.static import special_ids, token_vectors
 
     teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
     vectors = token_vectors(teacher, tok, batch_size=4096)
@@ -298,7 +298,7 @@ def test_static_student_means_its_token_vectors_without_special_tokens(tmp_path,
 def test_frequency_weights_follow_their_formulas(tiny_bert):
     from transformers import AutoTokenizer
 
-    from compress.distill.static_embedding import sif_weights, text_probabilities, zipf_probabilities
+    from compress.embedding.static import sif_weights, text_probabilities, zipf_probabilities
 
     z = zipf_probabilities(4)
     inv = np.array([1 / 2, 1 / 3, 1 / 4, 1 / 5])
@@ -312,7 +312,7 @@ def test_frequency_weights_follow_their_formulas(tiny_bert):
 
 
 def test_static_distillation_refuses_bad_settings(tiny_bert):
-    from compress.distill.static_embedding import distil_static
+    from compress.embedding.static import distil_static
 
     teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
     with pytest.raises(UsageError, match="unknown weighting 'idf'"):

@@ -10,8 +10,8 @@ import torch
 
 from compress.retrieval.bm25 import bm25_order
 from compress.retrieval.dual_encoder import in_batch_softmax_loss, mean_pool
-from compress.retrieval.metrics import first_gold_ranks, retrieval_metrics
 from compress.tasks.qa import QADataset, QAExample
+from compress.tasks.ranking import first_gold_ranks, retrieval_metrics
 from compress.tasks.retrieval import build_reqa
 
 C1 = "Paris is the capital of France. The Eiffel Tower is in Paris. It was built in 1889."
