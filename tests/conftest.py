@@ -46,17 +46,19 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
-    """A 2-layer, hidden-32 BERT with random weights and MiniLM's WordPiece tokenizer, on disk."""
+    """A 2-layer, hidden-32 BERT with random weights (biases and LayerNorms perturbed) and MiniLM's
+    WordPiece tokenizer, on disk."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from compress.models.loading import packaged_model_path
+    from tests.tiny_encoders import perturb_defaults
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny_bert")
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=512)
-    BertModel(cfg).save_pretrained(folder, safe_serialization=True)
+    perturb_defaults(BertModel(cfg)).save_pretrained(folder, safe_serialization=True)
     AutoTokenizer.from_pretrained(packaged_model_path("minilm")).save_pretrained(folder)
     return folder
 

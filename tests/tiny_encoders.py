@@ -136,13 +136,33 @@ ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "alb
                  "modernbert")
 
 
+def perturb_defaults(model, seed: int = 3):
+    """Non-zero biases and LayerNorms that are not the identity, in place (returns ``model``). A
+    default-initialised model has every bias zero and every LayerNorm the identity, so a block that
+    wrongly returns its input, drops a bias or skips a LayerNorm gives the same outputs and no test
+    sees it."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm) and module.weight is not None:
+                module.weight.copy_(1 + 0.2 * torch.randn(module.weight.shape, generator=g))
+                if module.bias is not None:
+                    module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=g))
+            elif isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=g))
+    return model
+
+
 def save_tiny_encoder(arch: str, folder: Path, seed: int = 0) -> Path:
-    """Build the tiny ``arch`` with random weights (seeded) and save it with its tokenizer."""
+    """Build the tiny ``arch`` with random weights (seeded; biases and LayerNorms perturbed,
+    ``perturb_defaults``) and save it with its tokenizer."""
     import torch
     from transformers import AutoModel
 
     cfg, tok = build(arch)
     torch.manual_seed(seed)
-    AutoModel.from_config(cfg).save_pretrained(folder, safe_serialization=True)
+    perturb_defaults(AutoModel.from_config(cfg)).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
     return folder

@@ -146,6 +146,23 @@ def _read_json(path: Path, what: str, kind: type = dict):
     return data
 
 
+def _read_modules(modules_file: Path) -> list[dict]:
+    """``modules.json``'s entries, each with a string ``type`` and a ``path`` inside the model
+    folder (sentence-transformers refuses one that leaves it); ModelError naming the entry otherwise."""
+    from compress.models.loading import module_path_inside
+
+    modules = _read_json(modules_file, MODULES_FILE, list)
+    for i, m in enumerate(modules):
+        if not isinstance(m.get("type"), str) or not m["type"]:
+            raise ModelError(f"{modules_file}: entry {i} has no module type (a string such as "
+                             "'sentence_transformers.models.Pooling'); copy the model folder again")
+        path = m.get("path")
+        if not isinstance(path, str) or (path and not module_path_inside(path)):
+            raise ModelError(f"{modules_file}: entry {i} ({m['type'].rsplit('.', 1)[-1]}) has path {path!r}; "
+                             "a module's path is a folder inside the model folder")
+    return modules
+
+
 def _st_file(path: str, name: str) -> Path | None:
     """``name`` inside the model (a local folder, or a hub repository through its cache)."""
     local = Path(path) / name
@@ -179,8 +196,8 @@ def read_pooling(path: str) -> Pooling:
     modules_file = _st_file(path, MODULES_FILE)
     if modules_file is None:
         return Pooling()
-    modules = _read_json(modules_file, MODULES_FILE, list)
-    kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    modules = _read_modules(modules_file)
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
     dense = ["Dense"] * (len(kinds) - 2 - ("Normalize" in kinds))
     if kinds not in (["Transformer", "Pooling", *dense], ["Transformer", "Pooling", *dense, "Normalize"]):
         raise ModelError(f"{path}: {MODULES_FILE} lists {kinds}; this project runs Transformer, Pooling, "
@@ -204,8 +221,21 @@ def read_pooling(path: str) -> Pooling:
     st_cfg_file = _st_file(encoder_path, ST_CONFIG)
     st_cfg = _read_json(st_cfg_file, ST_CONFIG) if st_cfg_file else {}
     max_length = st_cfg.get("max_seq_length") or _tokenizer_max_length(encoder_path) or DEFAULT_MAX_LENGTH
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, float)) or max_length < 1:
+        raise ModelError(f"{path}: max_seq_length {max_length!r} is not a positive number of tokens; "
+                         f"fix {ST_CONFIG}")
+    positions = _positions(encoder_path)
+    if positions:  # as sentence-transformers 6 bounds it: no longer than the position table
+        max_length = min(int(max_length), positions)
     return Pooling(modes[0], "Normalize" in kinds, int(max_length), "sentence-transformers config",
                    bool(st_cfg.get("do_lower_case", False)))
+
+
+def _positions(path: str) -> int | None:
+    """The encoder's ``max_position_embeddings`` (None when its config has none)."""
+    cfg_file = _st_file(path, "config.json")
+    value = (_read_json(cfg_file, "config.json") if cfg_file else {}).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _tokenizer_max_length(path: str) -> int | None:
@@ -268,8 +298,7 @@ def read_dense(path: str) -> dict[str, nn.Module]:
     modules_file = _st_file(path, MODULES_FILE)
     if modules_file is None:
         return {}
-    dirs = [m["path"] for m in _read_json(modules_file, MODULES_FILE, list)
-            if m.get("type", "").endswith("Dense")]
+    dirs = [m["path"] for m in _read_modules(modules_file) if m["type"].endswith("Dense")]
     if not dirs:
         return {}
     from sentence_transformers.models import Dense

@@ -62,7 +62,16 @@ def st_transformer_folder(folder: Path) -> Path | None:
         sub = next(m.get("path", "") for m in modules if str(m.get("type", "")).endswith("Transformer"))
     except (OSError, ValueError, StopIteration, AttributeError, TypeError):
         return None
-    return folder / sub if sub and (folder / sub / "config.json").is_file() else None
+    if not sub or not module_path_inside(str(sub)):
+        return None
+    return folder / sub if (folder / sub / "config.json").is_file() else None
+
+
+def module_path_inside(sub: str) -> bool:
+    """Whether a ``modules.json`` ``path`` names a folder inside the model folder (relative, no
+    ``..``), as sentence-transformers requires before it follows one."""
+    parts = Path(sub).parts
+    return bool(sub) and not Path(sub).is_absolute() and ".." not in parts and not sub.startswith(("/", "\\"))
 
 
 HUB_HOST = "huggingface.co"
@@ -172,8 +181,9 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
     path = resolve_model(spec) if path is None else path
     register_model_types(path, kwargs.get("revision"), kwargs.get("subfolder"))
     try:
-        return auto_class.from_pretrained(path, **{"use_safetensors": True, **kwargs,
-                                                   "trust_remote_code": False})
+        model, info = auto_class.from_pretrained(path, **{"use_safetensors": True, **kwargs,
+                                                          "trust_remote_code": False,
+                                                          "output_loading_info": True})
     except Exception as exc:  # noqa: BLE001 - loading failures are reported as one line
         own_code = _own_code_error(spec, exc)
         if own_code is not None:
@@ -181,6 +191,37 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
         raise ModelError(f"could not load '{spec}' as {what} ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); pass a local folder, a "
                          "run folder, 'minilm', or a hub name with internet") from None
+    check_loaded_weights(spec, model, info, written_here=(Path(str(path)) / "compress.json").is_file())
+    return model
+
+
+# weights of another task's head: a checkpoint may hold them when it is loaded for a different task
+OTHER_HEADS = ("cls.", "lm_head.", "qa_outputs.", "classifier.", "pre_classifier.", "pooler.", "score.",
+               "generator_", "discriminator_predictions.", "predictions.", "sop_classifier.")
+
+
+def check_loaded_weights(spec: str, model, info: dict, written_here: bool) -> None:
+    """Refuse, in one ModelError line naming them, weights a checkpoint lacks or holds beyond the
+    model: transformers would fill a missing one with random values and the model would run. A
+    missing task head is what a fresh fine-tune starts from, except in a folder compress wrote
+    (``written_here``: a run's own model has every weight it needs); another task's head in the
+    checkpoint is left unused."""
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    is_base = not any(k.startswith(prefix) for k in model.state_dict())
+
+    def head(key: str) -> bool:
+        return not is_base and not key.startswith(prefix)
+
+    missing = sorted(k for k in info.get("missing_keys", ()) if written_here or not head(k))
+    heads = OTHER_HEADS + tuple(prefix + h for h in OTHER_HEADS)
+    unexpected = sorted(k for k in info.get("unexpected_keys", ())
+                        if not k.startswith(heads) and not k.endswith("position_ids"))
+    for what, keys in (("lacks", missing), ("holds unexpected", unexpected)):
+        if keys:
+            raise ModelError(f"'{spec}' {what} weights {', '.join(keys[:3])}"
+                             f"{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}: the saved model is "
+                             "incomplete or not this architecture's; save it again, or load the folder it "
+                             "came from")
 
 
 def load_tokenizer(spec: str):

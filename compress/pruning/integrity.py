@@ -152,11 +152,14 @@ def load_saved_model(model_dir: Path):
     meta_file = model_dir / "compress.json"
     meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
     cls = AutoModelForSequenceClassification if meta.get("label_names") else AutoModel
-    from compress.models.loading import check_safetensors_folder, register_model_types
+    from compress.models.loading import check_loaded_weights, check_safetensors_folder, register_model_types
 
     check_safetensors_folder(model_dir, REDO)
     register_model_types(model_dir)
-    return cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    model, info = cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False,
+                                      output_loading_info=True)
+    check_loaded_weights(str(model_dir), model, info, written_here=meta_file.is_file())
+    return model
 
 
 def recorded_pattern(model_dir: Path) -> str | None:

@@ -16,6 +16,7 @@ import math
 import os
 import random
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,16 @@ def param_groups(model, cfg: TrainConfig) -> list[dict]:
     return [{"params": ps, "weight_decay": cfg.weight_decay if decay else 0.0,
              **({"lr": cfg.head_lr} if head else {})}
             for (decay, head), ps in sorted(groups.items())]
+
+
+def print_progress(step: int, total: int, loss: float, started: float, first_step: int) -> None:
+    """One line on stderr: the step, the mean loss of the window, the time left at the pace so far
+    (what a progress bar shows, for a run whose output goes to a file)."""
+    done = step - first_step
+    left = (time.perf_counter() - started) / done * (total - step) if done else float("nan")
+    minutes, seconds = divmod(int(left), 60) if left == left else (0, 0)
+    print(f"train step {step}/{total}: loss {loss:.4f}, about {minutes} min {seconds:02d} s left",
+          file=sys.stderr, flush=True)
 
 
 def progress_wanted() -> bool:
@@ -435,6 +446,7 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                disable=not main or not progress_wanted())
     last = float("nan")
     cause = likely_cause(cfg.lr, **_kd_values(loss_fn))
+    watched, started, first_step = progress_wanted(), time.perf_counter(), step
     while step < total:
         epoch, offset = divmod(step, per_epoch)
         batches = rank_batches(epoch_order(len(feats), cfg.seed, epoch), cfg.batch_size, rank, world)
@@ -458,6 +470,8 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 running_extra[k] = running_extra.get(k, 0.0) + float(v)
             bar.update(1)
             if step % cfg.log_every == 0:
+                if main and not watched:  # a log file, not a terminal: one line per window
+                    print_progress(step, total, running / cfg.log_every, started, first_step)
                 _log_window(step, running, running_extra, cfg.log_every, scheduler, accelerator,
                             log if main else None)
                 running, running_extra = 0.0, {}

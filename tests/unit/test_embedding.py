@@ -79,6 +79,32 @@ def test_unsupported_sentence_transformers_pipelines_are_refused(st_folder):
         read_pooling(str(st_folder))
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m[1].update(path="../../x"), "has path '../../x'"),
+    (lambda m: m[1].update(path="/etc"), "has path '/etc'"),
+    (lambda m: m[1].pop("path"), "has path None"),
+    (lambda m: m[1].update(type=7), "entry 1 has no module type"),
+])
+def test_modules_json_entries_outside_the_folder_or_malformed_are_refused(st_folder, edit, words):
+    from compress.embedding.model import read_dense
+
+    modules = json.loads((st_folder / "modules.json").read_text())
+    edit(modules)
+    (st_folder / "modules.json").write_text(json.dumps(modules))
+    for read in (read_pooling, read_dense):
+        with pytest.raises(ModelError, match=words):
+            read(str(st_folder))
+
+
+def test_max_seq_length_must_be_a_number_and_is_capped_at_the_positions(st_folder):
+    (st_folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": "long"}))
+    with pytest.raises(ModelError, match="max_seq_length 'long'"):
+        read_pooling(str(st_folder))
+    (st_folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 100000}))
+    positions = json.loads((st_folder / "config.json").read_text())["max_position_embeddings"]
+    assert read_pooling(str(st_folder)).max_length == positions
+
+
 @pytest.mark.parametrize("mode,normalize", [("cls", False), ("mean", True), ("max", True)])
 def test_saved_folder_opens_in_sentence_transformers_with_the_same_embeddings(tiny_bert, tmp_path, mode,
                                                                               normalize):
