@@ -218,8 +218,10 @@ class TeacherLogitsLoss:
             mse = F.mse_loss(out.hidden_states[-1], t_hidden[-1])
             loss = loss + self.hidden_weight * mse
             extra["hidden_mse"] = float(mse.detach())
+        layers = []
         if self.layers_weight > 0:
             layers = self.layers if self.layers is not None else kept_layers(model)
+        if layers:  # a model with every layer's blocks removed has no layer left to match
             lw = layerwise_mse(out.hidden_states, t_hidden, inputs.get("attention_mask"), layers)
             loss = loss + self.layers_weight * lw
             extra["layer_mse"] = float(lw.detach())

@@ -397,12 +397,14 @@ DENSE_RETRIES = 2  # re-timings of a dense model outside the tolerance before th
 
 
 def _consistent(dense_ms: float, predicted_ms: float) -> bool:
-    return predicted_ms > 0 and abs(dense_ms - predicted_ms) <= max(DENSE_TOLERANCE * predicted_ms,
-                                                                    DENSE_FLOOR_MS)
+    """A dense timing above its blocks' sum by more than the tolerance is what a busy machine gives,
+    and the table would charge the gap to every model; one below it charges nothing (a runtime may
+    fuse more across layers than one layer shows)."""
+    return predicted_ms > 0 and dense_ms - predicted_ms <= max(DENSE_TOLERANCE * predicted_ms, DENSE_FLOOR_MS)
 
 
 def trusted_dense_ms(dense_ms: float, predicted_ms: float, shape: str, retime: Callable[[], float]) -> float:
-    """``dense_ms`` when it agrees with ``predicted_ms`` (the sum of the dense model's blocks), else
+    """``dense_ms`` when it is not far above ``predicted_ms`` (the sum of the dense model's blocks), else
     the first of up to ``DENSE_RETRIES`` new timings (``retime()``) that does; MeasurementError,
     naming both times, when none does: a busy machine's timing would steer the search (it charges
     the gap to every model as a fixed cost) and is neither used nor cached."""

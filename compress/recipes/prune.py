@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -254,6 +255,10 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                              "--structured heads,ffn and --stage post-training); add them or drop the target")
         for x in self.speedup:
             check_range("speedup", x, 1, None, lo_open=True)
+        labels = [f"{x:g}" for x in self.speedup]
+        if len(set(labels)) != len(labels):
+            raise UsageError(f"--speedup {','.join(str(x) for x in self.speedup)}: two targets would share "
+                             "one name (and run folder); give targets that differ in their first 6 digits")
         if list(self.speedup) != sorted(set(self.speedup)):
             raise UsageError(f"--speedup {','.join(f'{x:g}' for x in self.speedup)}: give distinct targets "
                              "in increasing order, e.g. 2,3,4")
@@ -386,7 +391,7 @@ def _runtimes() -> dict:
 def parse_shape(text: str) -> tuple[int, int]:
     """'32x128' -> (32, 128); UsageError naming --latency-shape otherwise."""
     parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    if len(parts) != 2 or not all(re.fullmatch(r"[0-9]+", p.strip()) and int(p) > 0 for p in parts):
         raise UsageError(f"--latency-shape '{text}': give batch x tokens, e.g. 32x128, 'task' or 'auto'")
     return int(parts[0]), int(parts[1])
 

@@ -44,6 +44,8 @@ SHIPPING = {"ort-int8": ({"optimize": True, "quantize": "int8"}, "cpu"),
             "ort-fp32": ({"optimize": True}, "cpu"),
             "ort-cuda-fp16": ({"optimize": True, "precision": "fp16", "provider": "cuda"}, "cuda"),
             "torch": (None, "cpu")}
+# how the report's columns name the shipped form (family.json keeps its keys: score_int8, vs_dense_int8_*)
+SHIPPED_LABEL = {"ort-int8": "int8", "ort-fp32": "ort fp32", "ort-cuda-fp16": "fp16", "torch": "torch fp32"}
 
 
 def check_family(cfg: PruneConfig) -> None:
@@ -59,9 +61,23 @@ def check_family(cfg: PruneConfig) -> None:
         from compress.recipes.embedding_prune import check_embedding_config
 
         check_embedding_config(cfg)
+    else:
+        _refuse_masked_model(cfg.model)
     if cfg.latency_runtime not in SHIPPING:
         raise UsageError(f"--latency-runtime {cfg.latency_runtime}: a family ships in one of "
                          f"{', '.join(SHIPPING)}")
+
+
+def _refuse_masked_model(spec: str) -> None:
+    """A pruned ``--model`` (masks with zeros) is refused before the latency table and calibration,
+    as one target refuses it: removing units would not keep its zeros."""
+    from compress.models.loading import resolve_model
+    from compress.pruning.integrity import MASKS_FILE, load_masks
+
+    masks_file = Path(resolve_model(spec)) / MASKS_FILE
+    if masks_file.is_file() and any(not m.all() for m in load_masks(masks_file).values()):
+        raise UsageError(f"--structured would not keep the zeros of {masks_file.parent}, which is pruned "
+                         f"({MASKS_FILE}); give --structured its dense original")
 
 
 def run_speed_family(cfg: PruneConfig) -> Path:
@@ -163,6 +179,8 @@ def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher, start: st
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     s = summary["structured"]
     shipped = _ship(cfg, str(path), path / f"model-{cfg.latency_runtime}.onnx")
+    if shipped["score"] is None:  # the PyTorch runtime ships the model folder itself, as scored
+        shipped = {**shipped, "score": summary["eval"]["score"], "metrics": summary["eval"]}
     return {"label": f"{target:g}x", "target": target, "run": path.name, "summary": summary,
             "started_from": start, "seconds": round(time.time() - t0, 1),
             "score_fp32": summary["eval"]["score"],
@@ -227,7 +245,7 @@ def _report(cfg: PruneConfig, family_dir: Path, metric: str, members: list[dict]
                          "--max-drop-metric task")
     best = fastest_within(rows, dense_judged, cfg.max_drop, speed_key,
                           "macro_f1_int8" if by_macro else "score_int8")
-    table = format_family_table(rows, shapes, dense_fp32, metric)
+    table = format_family_table(rows, shapes, dense_fp32, metric, SHIPPED_LABEL[cfg.latency_runtime])
     verdict = (f"fastest within {cfg.max_drop:g} point(s) of dense {judged} ({100 * dense_judged:.2f}): "
                f"{best['label']} ({best[speed_key]:.2f}x the dense {cfg.latency_runtime} export at "
                f"{batch}x{tokens})" if best else

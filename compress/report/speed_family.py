@@ -55,12 +55,14 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def format_family_table(rows: Sequence[Mapping[str, Any]], shapes: Sequence[tuple[int, int]],
-                        dense_score: float, metric: str) -> str:
-    """A Markdown table: target, sizes, scores and their drops, predicted and measured speedups."""
+                        dense_score: float, metric: str, shipped: str = "int8") -> str:
+    """A Markdown table: target, sizes, scores and their drops, predicted and measured speedups;
+    ``shipped`` names the shipped form in the headers (the rows' ``*_int8`` values)."""
     head = ["model", "target", "heads kept", "FFN kept", "blocks removed (attn/FFN)", f"{metric} one-shot",
-            f"{metric} fp32", f"{metric} int8", "drop int8 (points)", "macro-F1 int8", "predicted", "seconds"]
+            f"{metric} fp32", f"{metric} {shipped}", f"drop {shipped} (points)", f"macro-F1 {shipped}",
+            "predicted", "seconds"]
     for b, n in shapes:
-        head += [f"vs dense int8 {b}x{n}", f"vs eager fp32 {b}x{n}"]
+        head += [f"vs dense {shipped} {b}x{n}", f"vs eager fp32 {b}x{n}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         drop = None if r.get("score_int8") is None else 100 * (dense_score - r["score_int8"])

@@ -127,6 +127,35 @@ def test_a_gradual_obs_family_starts_each_member_from_the_previous_one(finetuned
     assert main(["verify", str(out / "speedup-2.5x")]) == 0
 
 
+def test_a_torch_family_names_its_fastest_model_and_labels_its_columns(finetuned, tmp_path):
+    out = tmp_path / "torch-family"
+    args = [a if a != "fisher" else "obs" for a in SPEED]
+    assert main(["prune", "--model", str(finetuned), *args, "--speedup", "1.5,2.5", "--max-drop", "100",
+                 "--latency-runtime", "torch", "--family-mode", "independent", *FAST, "--out", str(out)]) == 0
+    family = json.loads((out / "family.json").read_text())
+    for row in family["rows"]:
+        summary = json.loads((out / row["run"] / "summary.json").read_text())
+        assert row["score_int8"] == summary["eval"]["score"]  # shipped as scored: the folder itself
+    assert family["fastest_within_budget"] in ("1.5x", "2.5x")
+    md = (out / "family.md").read_text()
+    assert "accuracy torch fp32" in md and " int8" not in md
+
+
+def test_a_family_on_a_masked_model_is_refused_before_any_work(finetuned, tmp_path, capsys, monkeypatch):
+    pruned = tmp_path / "masked"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned), "--criterion", "magnitude",
+                 "--sparsity", "0.5", *FAST, "--out", str(pruned)]) == 0
+    capsys.readouterr()
+    import compress.measure.latency_table as latency
+
+    monkeypatch.setattr(latency, "latency_table", lambda *a, **k: pytest.fail("timed before refusing"))
+    code = main(["prune", "--model", str(pruned), *SPEED, "--speedup", "1.5,2", *FAST,
+                 "--out", str(tmp_path / "fam")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "would not keep the zeros" in err[0]
+    assert not (tmp_path / "fam").exists()
+
+
 def test_the_default_latency_shape_follows_max_length(finetuned, tmp_path):
     out = tmp_path / "task-shape"
     args = [a for a in SPEED if a not in ("--latency-shape", "4x32")]
@@ -140,6 +169,8 @@ def test_the_default_latency_shape_follows_max_length(finetuned, tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--stage", "post-training", "--speedup", "2"], "--speedup set the target of --criterion obs or fisher"),
     ([*SPEED, "--speedup", "2", "--family-mode", "independent"], "--family-mode applies to a --speedup"),
+    ([*SPEED, "--speedup", "2,2.0000001"], "share one name"),
+    ([*SPEED[:-1], "\uff13\uff12x32", "--speedup", "2"], "--latency-shape"),
     ([*SPEED, "--speedup", "2", "--max-drop-metric", "macro_f1"], "--max-drop-metric applies"),
     ([*SPEED, "--speedup", "2", "--flops-reduction", "0.3"], "two targets"),
     ([*SPEED, "--speedup", "0.5"], "speedup"),

@@ -138,6 +138,11 @@ def test_layerwise_term_is_added_with_its_weight_over_the_kept_layers_and_real_t
     hidden_mse = (4 + 0 + 49 + 49) / 4  # the last layer's MSE over every token, padding included
     assert extra["layer_mse"] == pytest.approx(81.0) and extra["hidden_mse"] == pytest.approx(hidden_mse)
     assert float(loss.detach()) == pytest.approx(ce + 0.5 * hidden_mse + 81.0, rel=1e-6)
+    # every layer's blocks removed: no layer to match, the term is left out (not an error)
+    emptied = _Layered([[1.0, 0.0]], [[h] for h in s_hidden], layer_heads=[0, 0, 0],
+                       layer_intermediate=[0, 0, 0])
+    loss, extra = TeacherLogitsLoss(False, 0.0, 1.0, teacher=teacher, layers_weight=3.0)(emptied, batch)
+    assert "layer_mse" not in extra and float(loss.detach()) == pytest.approx(ce, rel=1e-6)
     with pytest.raises(ValueError, match="needs the teacher module"):
         TeacherLogitsLoss(False, 1.0, 1.0, layers_weight=1.0)
 
