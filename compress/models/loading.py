@@ -191,7 +191,7 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
         raise ModelError(f"could not load '{spec}' as {what} ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); pass a local folder, a "
                          "run folder, 'minilm', or a hub name with internet") from None
-    check_loaded_weights(spec, model, info, written_here=(Path(str(path)) / "compress.json").is_file())
+    check_loaded_weights(spec, model, info)
     return model
 
 
@@ -200,22 +200,19 @@ OTHER_HEADS = ("cls.", "lm_head.", "qa_outputs.", "classifier.", "pre_classifier
                "generator_", "discriminator_predictions.", "predictions.", "sop_classifier.")
 
 
-def check_loaded_weights(spec: str, model, info: dict, written_here: bool) -> None:
-    """Refuse, in one ModelError line naming them, weights a checkpoint lacks or holds beyond the
-    model: transformers would fill a missing one with random values and the model would run. A
-    missing task head is what a fresh fine-tune starts from, except in a folder compress wrote
-    (``written_here``: a run's own model has every weight it needs); another task's head in the
-    checkpoint is left unused."""
+def check_loaded_weights(spec: str, model, info: dict) -> None:
+    """Refuse, in one ModelError line naming them, encoder weights a checkpoint lacks or holds beyond
+    the model: transformers would fill a missing one with random values and the model would run. A
+    task head (``OTHER_HEADS``, the pooler included) may be missing, as when a fine-tune starts from
+    an encoder, or left over from another task's model."""
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
-    is_base = not any(k.startswith(prefix) for k in model.state_dict())
-
-    def head(key: str) -> bool:
-        return not is_base and not key.startswith(prefix)
-
-    missing = sorted(k for k in info.get("missing_keys", ()) if written_here or not head(k))
     heads = OTHER_HEADS + tuple(prefix + h for h in OTHER_HEADS)
-    unexpected = sorted(k for k in info.get("unexpected_keys", ())
-                        if not k.startswith(heads) and not k.endswith("position_ids"))
+
+    def encoder(key: str) -> bool:
+        return not key.startswith(heads) and not key.endswith("position_ids")
+
+    missing = sorted(k for k in info.get("missing_keys", ()) if encoder(k))
+    unexpected = sorted(k for k in info.get("unexpected_keys", ()) if encoder(k))
     for what, keys in (("lacks", missing), ("holds unexpected", unexpected)):
         if keys:
             raise ModelError(f"'{spec}' {what} weights {', '.join(keys[:3])}"

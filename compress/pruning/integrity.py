@@ -158,7 +158,7 @@ def load_saved_model(model_dir: Path):
     register_model_types(model_dir)
     model, info = cls.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False,
                                       output_loading_info=True)
-    check_loaded_weights(str(model_dir), model, info, written_here=meta_file.is_file())
+    check_loaded_weights(str(model_dir), model, info)
     return model
 
 

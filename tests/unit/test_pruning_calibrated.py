@@ -89,13 +89,14 @@ def test_nm_pattern_holds_after_reconstruction_and_forced_zeros_stay():
 
 
 def test_registry_declares_what_each_criterion_needs():
-    assert set(CRITERIA) == {"magnitude", "random", "wanda", "sparsegpt", "fisher"}
+    assert set(CRITERIA) == {"magnitude", "random", "wanda", "sparsegpt", "fisher", "obs"}
     assert not CRITERIA["magnitude"].data_aware and CRITERIA["sparsegpt"].reconstructs
+    assert CRITERIA["obs"].structured_only and CRITERIA["obs"].needs == {"input_gram"}
     assert CRITERIA["wanda"].needs == {"input_sq"} and CRITERIA["wanda"].compare == "row"
     with pytest.raises(UsageError, match="post-training"):
         weight_only("sparsegpt")
-    with pytest.raises(UsageError, match="unknown criterion 'obs'.*magnitude, random, wanda, sparsegpt"):
-        get_criterion("obs")
+    with pytest.raises(UsageError, match="unknown criterion 'ziplm'.*magnitude, random, wanda, sparsegpt"):
+        get_criterion("ziplm")
 
 
 def test_calibration_sample_is_seeded_distinct_and_capped():

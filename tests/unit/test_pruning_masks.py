@@ -67,7 +67,7 @@ def test_random_criterion_same_count_different_mask_seeded():
 
 
 def test_registries_and_unknown_names():
-    assert set(CRITERIA) == {"magnitude", "random", "wanda", "sparsegpt", "fisher"}
+    assert set(CRITERIA) == {"magnitude", "random", "wanda", "sparsegpt", "fisher", "obs"}
     assert set(SCOPES) == {"local", "global"}
     with pytest.raises(UsageError, match="unknown criterion 'snip'; choose one of: magnitude, random, wanda"):
         get_criterion("snip")
