@@ -63,6 +63,9 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
     if len({"labels" in b for b in batches}) > 1:
         raise UsageError("either every calibration batch carries 'labels' or none does")
     check_removable(model, targets)
+    from compress.pruning.integrity import check_finite_parameters
+
+    check_finite_parameters(model)  # a NaN weight would be pruned around or spread, not reported
     if flops_reduction is not None and method == "obs":
         from compress.pruning.obs_structured import obs_prune_structured
 

@@ -93,3 +93,15 @@ def test_bad_targets_are_refused_with_the_model_unchanged(kwargs, message):
 def test_mixed_labelled_and_unlabelled_batches_are_refused():
     with pytest.raises(compress.UsageError, match="every calibration batch carries 'labels' or none"):
         compress.prune_structured_model(tiny_model("bert"), [*_labelled(1), batch(2)], flops_reduction=0.3)
+
+
+@pytest.mark.parametrize("method", ["obs", "fisher"])
+def test_a_model_with_a_nan_weight_is_refused_before_any_change(method):
+    model = tiny_model("bert")
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "intermediate" in n).view(-1)[0] = float("nan")
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    with pytest.raises(compress.ModelError, match="NaN"):
+        compress.prune_structured_model(model, _labelled(), flops_reduction=0.3, method=method)
+    assert all(torch.equal(before[n], p) or torch.isnan(p).any() for n, p in model.state_dict().items())
+    assert type(model).__name__.startswith("Bert")
