@@ -85,7 +85,7 @@ import torch
 from compress.core.errors import MeasurementError, UsageError
 from compress.measure.latency import measure_interleaved
 
-FORMAT = 2                 # bumped when a cached table's meaning changes
+FORMAT = 3                 # bumped when a cached table's meaning changes
 TIMING_VOCAB = 1024        # vocabulary of the 1-layer timing models (see the module docstring)
 DENSE_HEADS_UP_TO = 16     # every head count is measured up to this many heads
 
@@ -372,18 +372,49 @@ def machine_key(runtime: Runtime) -> dict[str, Any]:
     return out
 
 
+# config fields that change how attention is computed (and timed) at the same sizes: DeBERTa's
+# relative attention, BigBird's block-sparse pattern, Longformer's window, position embeddings
+ATTENTION_OPTIONS = ("relative_attention", "pos_att_type", "position_buckets", "max_relative_positions",
+                     "position_biased_input", "share_att_key", "norm_rel_ebd", "attention_type", "block_size",
+                     "num_random_blocks", "attention_window", "position_embedding_type")
+INT8_SCHEME = "dynamic, per-channel weights"  # what compress export --quantize int8 writes
+
+
+def attention_options(config) -> dict[str, Any]:
+    """The ``ATTENTION_OPTIONS`` ``config`` sets, as JSON values."""
+    out = {}
+    for name in ATTENTION_OPTIONS:
+        if hasattr(config, name):
+            value = getattr(config, name)
+            out[name] = list(value) if isinstance(value, (list, tuple)) else value
+    return json.loads(json.dumps(out, default=str))
+
+
 def cache_key(shape: ArchShape, runtime: Runtime, batch: int, seq_len: int, threads: int,
-              heads: Sequence[int], widths: Sequence[int], reference: str) -> dict[str, Any]:
+              heads: Sequence[int], widths: Sequence[int], reference: str,
+              attention: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a table's numbers depend on; equal keys -> the cached table is reused."""
     return {"format": FORMAT, "machine": machine_key(runtime), "runtime": runtime.name, "batch": batch,
             "seq_len": seq_len, "threads": threads, "shape": asdict(shape), "heads": list(heads),
-            "widths": list(widths), "reference": reference}
+            "widths": list(widths), "reference": reference, "attention": attention or {},
+            **({"int8_scheme": INT8_SCHEME} if runtime.precision == "int8" else {})}
 
 
 def default_cache_dir() -> Path:
     """``$COMPRESS_CACHE_DIR/latency``, else ``~/.cache/compress/latency``."""
     root = os.environ.get("COMPRESS_CACHE_DIR")
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "compress") / "latency"
+
+
+def _check_writable(folder: Path) -> None:
+    """UsageError naming ``folder`` and the fix when a table could not be saved in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"the latency cache folder {folder} is not writable ({type(exc).__name__}); set "
+                         "COMPRESS_CACHE_DIR to a writable folder") from None
 
 
 def cache_file(cache_dir: Path, key: dict[str, Any]) -> Path:
@@ -696,11 +727,12 @@ def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, s
     heads = _grid(head_points, head_grid(shape.heads), shape.heads, "head")
     widths = _grid(width_points, width_grid(shape.ffn), shape.ffn, "width")
     reference = "empty" if can_empty_blocks(shape.model_type) else "smallest"
-    key = cache_key(shape, rt, batch, seq_len, threads, heads, widths, reference)
+    key = cache_key(shape, rt, batch, seq_len, threads, heads, widths, reference, attention_options(config))
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = cache_file(folder, key)
     if not rebuild and (cached := _read_cached(path, key)) is not None:
         return cached
+    _check_writable(folder)  # before minutes of timing, not after
     table = build_table(config, shape, rt, batch, seq_len, threads, heads, widths, reference, repeats,
                         key)
     folder.mkdir(parents=True, exist_ok=True)

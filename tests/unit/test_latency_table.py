@@ -199,8 +199,24 @@ def test_the_cache_key_names_machine_runtime_shape_and_input_size():
     for other in (lt.cache_key(shape, rt, 1, 128, 2, (1, 2), (1, 64), "empty"),
                   lt.cache_key(shape, lt.check_runtime("torch"), 32, 128, 2, (1, 2), (1, 64), "empty"),
                   lt.cache_key(dataclasses.replace(shape, hidden=64), rt, 32, 128, 2, (1, 2), (1, 64),
-                               "empty")):
+                               "empty"),
+                  lt.cache_key(shape, rt, 32, 128, 1, (1, 2), (1, 64), "empty"),  # threads
+                  lt.cache_key(shape, rt, 32, 64, 2, (1, 2), (1, 64), "empty"),  # sequence length
+                  lt.cache_key(shape, rt, 32, 128, 2, (1, 2), (1, 64), "empty",
+                               {"relative_attention": True})):
         assert lt.cache_file(lt.Path("c"), other) != lt.cache_file(lt.Path("c"), key)
+    assert key["int8_scheme"] == lt.INT8_SCHEME and key["format"] == lt.FORMAT
+
+
+def test_two_deberta_configs_of_the_same_sizes_but_other_attention_have_other_keys():
+    from transformers import DebertaV2Config
+
+    common = dict(vocab_size=2000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=64)
+    plain = lt.attention_options(DebertaV2Config(**common, relative_attention=False))
+    relative = lt.attention_options(DebertaV2Config(**common, relative_attention=True,
+                                                    pos_att_type=["p2c", "c2p"], position_buckets=32))
+    assert plain != relative and relative["pos_att_type"] == ["p2c", "c2p"]
 
 
 def test_family_without_empty_blocks_is_measured_against_the_smallest(tmp_path):
@@ -280,3 +296,11 @@ def test_a_cached_table_that_is_not_sane_is_measured_again(change, tmp_path, mon
                         lambda *a, **k: built.append(1) or dataclasses.replace(good, key=key))
     table = latency_table(cfg, cache_dir=tmp_path, **SMALL)
     assert built == [1] and table.key == key
+
+
+def test_an_unwritable_cache_folder_is_refused_before_any_timing(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(lt, "build_table", lambda *a, **k: pytest.fail("timed before refusing"))
+    with pytest.raises(UsageError, match="not writable.*COMPRESS_CACHE_DIR"):
+        latency_table(tiny_config(), cache_dir=blocker / "cache", **SMALL)
