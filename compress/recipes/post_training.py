@@ -32,7 +32,14 @@ from compress.pruning.pruner import check_pattern_fits, matching_masks
 from compress.pruning.structured import check_removable
 from compress.pruning.targets import select_targets
 from compress.recipes.finetune import evaluate_classifier, load_task_data
-from compress.recipes.prune import PruneConfig, pruning_meta, run_name, run_structured, save_pruned
+from compress.recipes.prune import (
+    PruneConfig,
+    check_latency_shape_fits,
+    pruning_meta,
+    run_name,
+    run_structured,
+    save_pruned,
+)
 from compress.training.balance import oversample_small_classes
 from compress.training.loop import encode, set_seed, train
 from compress.training.trackers import start_tracking
@@ -195,6 +202,7 @@ def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path
     of a gradual family (the target is relative to them)."""
     from compress.pruning.pruner import KeepMasksHook
 
+    check_latency_shape_fits(cfg)
     lines = read_calibration_text(cfg)
     spec, data = load_task_data(cfg)
     labels = data["train"].label_names

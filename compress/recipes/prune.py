@@ -423,6 +423,23 @@ def latency_shape_of(text: str, batches: list[dict] | None, max_length: int | No
     return AUTO_BATCH, 8 * math.ceil(q / 8)
 
 
+def check_latency_shape_fits(cfg: PruneConfig) -> None:
+    """A ``--latency-shape`` (or ``task`` length) longer than ``--model``'s position table is refused
+    in one line, from its config alone, before any model or data is loaded."""
+    if not cfg.speedup or cfg.latency_shape == AUTO_SHAPE:
+        return
+    tokens = cfg.max_length if cfg.latency_shape == TASK_SHAPE else parse_shape(cfg.latency_shape)[1]
+    from compress.measure.latency_table import encoder_config
+
+    try:
+        positions = getattr(encoder_config(cfg.model), "max_position_embeddings", None)
+    except Exception:  # noqa: BLE001 - a model that cannot be read is reported where it is loaded
+        return
+    if isinstance(positions, int) and tokens > positions:
+        raise UsageError(f"--latency-shape: {tokens} tokens is longer than {cfg.model}'s {positions} "
+                         f"positions; give at most {positions} (or a shorter --max-length)")
+
+
 def latency_shape_from(text: str) -> str:
     """How ``--latency-shape`` was chosen, in words, for the summary."""
     if text == AUTO_SHAPE:

@@ -32,7 +32,7 @@ from compress.pruning.criteria import STRUCTURED_SEARCHES
 from compress.pruning.structured import layer_sizes
 from compress.recipes.finetune import load_task_data
 from compress.recipes.post_training import calibration_batches, prune_post_training, read_calibration_text
-from compress.recipes.prune import PruneConfig, latency_shape_from, latency_shape_of
+from compress.recipes.prune import PruneConfig, check_latency_shape_fits, latency_shape_from, latency_shape_of
 from compress.tasks import get_task
 
 # a member is one target: the family's own options go back to their defaults in its config
@@ -63,6 +63,7 @@ def check_family(cfg: PruneConfig) -> None:
         check_embedding_config(cfg)
     else:
         _refuse_masked_model(cfg.model)
+    check_latency_shape_fits(cfg)
     if cfg.latency_runtime not in SHIPPING:
         raise UsageError(f"--latency-runtime {cfg.latency_runtime}: a family ships in one of "
                          f"{', '.join(SHIPPING)}")

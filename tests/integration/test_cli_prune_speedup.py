@@ -170,6 +170,8 @@ def test_the_default_latency_shape_follows_max_length(finetuned, tmp_path):
     (["--stage", "post-training", "--speedup", "2"], "--speedup set the target of --criterion obs or fisher"),
     ([*SPEED, "--speedup", "2", "--family-mode", "independent"], "--family-mode applies to a --speedup"),
     ([*SPEED, "--speedup", "2,2.0000001"], "share one name"),
+    ([*SPEED[:-1], "4x100000", "--speedup", "2"], "longer than"),
+    ([*SPEED[:-1], "4x100000", "--speedup", "2,3"], "longer than"),
     ([*SPEED[:-1], "\uff13\uff12x32", "--speedup", "2"], "--latency-shape"),
     ([*SPEED, "--speedup", "2", "--max-drop-metric", "macro_f1"], "--max-drop-metric applies"),
     ([*SPEED, "--speedup", "2", "--flops-reduction", "0.3"], "two targets"),
