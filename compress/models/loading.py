@@ -197,7 +197,8 @@ def load_pretrained(auto_class, spec: str, path: str | Path | None = None, what:
 
 # weights of another task's head: a checkpoint may hold them when it is loaded for a different task
 OTHER_HEADS = ("cls.", "lm_head.", "qa_outputs.", "classifier.", "pre_classifier.", "pooler.", "score.",
-               "generator_", "discriminator_predictions.", "predictions.", "sop_classifier.")
+               "generator_", "discriminator_predictions.", "predictions.", "sop_classifier.", "head.",
+               "sequence_summary.", "lm_loss.")
 
 
 def check_loaded_weights(spec: str, model, info: dict) -> None:

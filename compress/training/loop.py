@@ -129,13 +129,12 @@ def param_groups(model, cfg: TrainConfig) -> list[dict]:
 
 
 def print_progress(step: int, total: int, loss: float, started: float, first_step: int) -> None:
-    """One line on stderr: the step, the mean loss of the window, the time left at the pace so far
-    (what a progress bar shows, for a run whose output goes to a file)."""
+    """One line on stdout (stderr stays for errors): the step, the mean loss of the window, the time
+    left at the pace so far (what a progress bar shows, for a run whose output goes to a file)."""
     done = step - first_step
     left = (time.perf_counter() - started) / done * (total - step) if done else float("nan")
     minutes, seconds = divmod(int(left), 60) if left == left else (0, 0)
-    print(f"train step {step}/{total}: loss {loss:.4f}, about {minutes} min {seconds:02d} s left",
-          file=sys.stderr, flush=True)
+    print(f"train step {step}/{total}: loss {loss:.4f}, about {minutes} min {seconds:02d} s left", flush=True)
 
 
 def progress_wanted() -> bool:

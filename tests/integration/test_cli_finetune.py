@@ -82,13 +82,14 @@ def test_bad_data_files(tiny_bert, tmp_path):
 
 
 def test_a_run_whose_output_goes_to_a_file_prints_its_progress(tiny_bert, tmp_path):
-    """No terminal, no progress bar: every --log-every steps one line on stderr with the step, the
-    window's mean loss and the time left, as the run goes."""
+    """No terminal, no progress bar: every --log-every steps one line on stdout with the step, the
+    window's mean loss and the time left, as the run goes (stderr stays for errors)."""
     out = tmp_path / "run"
     r = run_cli("finetune", "--model", str(tiny_bert), "--max-steps", "4", "--log-every", "2",
                 "--batch-size", "8", "--max-length", "32", "--out", str(out), isolated=True)
     assert r.returncode == 0, r.stderr
-    lines = [line for line in r.stderr.splitlines() if line.startswith("train step")]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("train step")]
+    assert not any(line.startswith("train step") for line in r.stderr.splitlines())
     assert [line.split(":")[0] for line in lines] == ["train step 2/4", "train step 4/4"]
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in logged if "loss" in row and "step" in row]
