@@ -11,9 +11,9 @@ from torch import nn
 from compress.core.errors import UsageError
 from compress.models.architectures import encoder_layers, head_layout, layout_for
 from compress.pruning.fisher_masks import to_device, unit_masks
-from compress.pruning.layer_replay import Stop as _Stop
 from compress.pruning.layer_replay import layer_calls as _layer_calls
 from compress.pruning.layer_replay import real_tokens as _tokens
+from compress.pruning.layer_replay import replay_layer
 
 SCALE_BOUND = 10.0
 
@@ -141,20 +141,7 @@ def tune_masks_least_squares(model: nn.Module, batches: list[dict[str, torch.Ten
     def replay(lay, b, capture=None, hidden=None):
         """Run layer ``lay`` on the tuned stream (or ``hidden``); with ``capture``, stop at that
         role's input."""
-        args, kwargs = calls[b][lay.index]
-        handle = None
-        if capture:
-            def grab(m, a):
-                raise _Stop(a[0])
-            handle = lay.linears[capture].register_forward_pre_hook(grab)
-        try:
-            out = lay.module(stream[b] if hidden is None else hidden, *args[1:], **kwargs)
-            return out[0] if isinstance(out, tuple) else out
-        except _Stop as stop:
-            return stop.args[0]
-        finally:
-            if handle is not None:
-                handle.remove()
+        return replay_layer(lay, calls[b][lay.index], stream[b] if hidden is None else hidden, capture)
 
     def dense_targets(lay) -> list[dict[str, torch.Tensor]]:
         """The dense layer's attention / FFN outputs (real tokens only) per batch; advances the

@@ -272,6 +272,16 @@ def _flops(model: nn.Module, seq_len: int, heads: list[int], ffn: list[int]) -> 
     return sum(heads) * per_head + sum(ffn) * per_neuron
 
 
+def _remove_as_planned(model: nn.Module, batches: list[dict[str, torch.Tensor]], plan: dict[str, Any],
+                       percdamp: float, lap: PhaseClock, flops_before: float, seq_len: int) -> dict[str, Any]:
+    """``apply_removal`` of the plan's counts, with the encoder FLOPs at ``seq_len`` before and after."""
+    applied = apply_removal(model, batches, plan["layer_heads_planned"], plan["layer_ffn_planned"], percdamp)
+    lap("remove")
+    after = _flops(model, seq_len, applied["layer_heads"], applied["layer_ffn"])
+    return {"encoder_flops_before": flops_before, "encoder_flops_after": after,
+            "flops_reduction": 1 - after / flops_before, **applied}
+
+
 def obs_prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], table, speedup: float,
                          targets: tuple[str, ...] = TARGETS, database: RemovalDatabase | None = None,
                          dense_sizes: tuple[list[int], list[int]] | None = None,
@@ -291,13 +301,10 @@ def obs_prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Ten
     lap("search")
     seq_len = getattr(table, "seq_len", 128)
     before = _flops(model, seq_len, *(dense_sizes or sizes))
-    applied = apply_removal(model, batches, plan["layer_heads_planned"], plan["layer_ffn_planned"], percdamp)
-    lap("remove")
-    after = _flops(model, seq_len, applied["layer_heads"], applied["layer_ffn"])
+    removed = _remove_as_planned(model, batches, plan, percdamp, lap, before, seq_len)
     return {"method": METHOD, "architecture": layout.name, "targets": list(targets),
             "blocks_removable": allow_empty, "calibration_tokens": database.tokens, "percdamp": percdamp,
-            **plan, "encoder_flops_before": before, "encoder_flops_after": after,
-            "flops_reduction": 1 - after / before, **applied, "seconds": lap.seconds}
+            **plan, **removed, "seconds": lap.seconds}
 
 
 def obs_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], flops_reduction: float,
@@ -323,12 +330,8 @@ def obs_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.Ten
     plan = plan_for_flops_obs(database, sizes, per_head, per_neuron, (1 - flops_reduction) * before, targets,
                               allow_empty)
     lap("search")
-    applied = apply_removal(model, batches, plan["layer_heads_planned"], plan["layer_ffn_planned"], percdamp)
-    lap("remove")
-    after = _flops(model, seq_len, applied["layer_heads"], applied["layer_ffn"])
+    removed = _remove_as_planned(model, batches, plan, percdamp, lap, before, seq_len)
     return {"method": METHOD, "architecture": layout.name, "targets": list(targets), "seq_len": seq_len,
             "calibration_tokens": database.tokens, "percdamp": percdamp,
-            "flops_reduction_requested": flops_reduction, **plan,
-            "encoder_flops_before": before, "encoder_flops_after": after,
-            "flops_reduction": 1 - after / before,
-            "flops_per_head": per_head, "flops_per_neuron": per_neuron, **applied, "seconds": lap.seconds}
+            "flops_reduction_requested": flops_reduction, **plan, "flops_per_head": per_head,
+            "flops_per_neuron": per_neuron, **removed, "seconds": lap.seconds}
