@@ -47,7 +47,7 @@ from compress.models.loading import (
     load_tokenizer,
     resolve_model,
 )
-from compress.pruning.criteria import CRITERIA, DEFAULT_STRUCTURED_SEARCH, STRUCTURED_SEARCHES, get_criterion
+from compress.pruning.criteria import CRITERIA, STRUCTURED_SEARCHES, default_structured_search, get_criterion
 from compress.pruning.fisher_search import MAX_SWAPS
 from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.integrity import (
@@ -196,8 +196,8 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
         searched = bool(self.speedup) or self.flops_reduction is not None
         if self.structured and self.criterion == "magnitude" and searched:
             # a FLOPs or speed target is searched, and the L2-norm ranking searches nothing: the target
-            # goes to the measured better search (reconstruction; see docs/results.md)
-            object.__setattr__(self, "criterion", DEFAULT_STRUCTURED_SEARCH)
+            # goes to the search measured better for the task's family (docs/results.md)
+            object.__setattr__(self, "criterion", default_structured_search(get_task(self.task).family))
         get_scope(self.scope)
         if self.pattern is not None:  # before the checks that read the sparsity it may set
             self._check_pattern()

@@ -262,3 +262,6 @@ def test_a_structured_target_without_a_criterion_goes_to_the_reconstruction():
                        flops_reduction=0.3).criterion == "fisher"
     # without a target, --structured ranks by L2 norm as before
     assert PruneConfig(structured=("heads", "ffn")).criterion == "magnitude"
+    # sentence embeddings: the embedding Fisher kept more ReQA P@1 one-shot, so it is their default
+    assert PruneConfig(stage="post-training", structured=("heads", "ffn"), task="embedding",
+                       speedup=(2.0,)).criterion == "fisher"
