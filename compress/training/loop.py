@@ -128,13 +128,20 @@ def param_groups(model, cfg: TrainConfig) -> list[dict]:
             for (decay, head), ps in sorted(groups.items())]
 
 
-def print_progress(step: int, total: int, loss: float, started: float, first_step: int) -> None:
-    """One line on stdout (stderr stays for errors): the step, the mean loss of the window, the time
-    left at the pace so far (what a progress bar shows, for a run whose output goes to a file)."""
-    done = step - first_step
-    left = (time.perf_counter() - started) / done * (total - step) if done else float("nan")
-    minutes, seconds = divmod(int(left), 60) if left == left else (0, 0)
-    print(f"train step {step}/{total}: loss {loss:.4f}, about {minutes} min {seconds:02d} s left", flush=True)
+class ProgressLines:
+    """For a run whose output goes to a file, what a progress bar shows, one line on stdout per
+    logging window (stderr stays for errors): the step, the window's mean loss, the time left at the
+    pace since ``first_step``."""
+
+    def __init__(self, total: int, first_step: int):
+        self.total, self.first_step, self.started = total, first_step, time.perf_counter()
+
+    def __call__(self, step: int, loss: float) -> None:
+        done = step - self.first_step
+        left = (time.perf_counter() - self.started) / done * (self.total - step) if done else 0.0
+        minutes, seconds = divmod(int(left), 60)
+        print(f"train step {step}/{self.total}: loss {loss:.4f}, about {minutes} min {seconds:02d} s left",
+              flush=True)
 
 
 def progress_wanted() -> bool:
@@ -371,8 +378,11 @@ def _optimizer_step(loss, model, extra_params: list, optimizer, scheduler, accel
 
 
 def _log_window(step: int, running: float, running_extra: dict, log_every: int, scheduler, accelerator,
-                log: Callable[[dict], None] | None) -> None:
-    """Log the window's mean loss (over all ranks) and the extras' window means, which add up to it."""
+                log: Callable[[dict], None] | None, progress: ProgressLines | None = None) -> None:
+    """Log the window's mean loss (over all ranks) and the extras' window means, which add up to it;
+    ``progress`` prints this rank's window mean as a line (a run without a terminal)."""
+    if progress is not None:
+        progress(step, running / log_every)
     mean = running / log_every
     if accelerator.num_processes > 1:  # every rank reaches this step together: the collective is safe
         mean = float(accelerator.reduce(torch.tensor(mean, device=accelerator.device), "mean"))
@@ -445,7 +455,7 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                disable=not main or not progress_wanted())
     last = float("nan")
     cause = likely_cause(cfg.lr, **_kd_values(loss_fn))
-    watched, started, first_step = progress_wanted(), time.perf_counter(), step
+    lines = ProgressLines(total, step) if main and not progress_wanted() else None
     while step < total:
         epoch, offset = divmod(step, per_epoch)
         batches = rank_batches(epoch_order(len(feats), cfg.seed, epoch), cfg.batch_size, rank, world)
@@ -469,10 +479,8 @@ def train(model, tokenizer, feats: list[dict], cfg: TrainConfig, hooks: list[Tra
                 running_extra[k] = running_extra.get(k, 0.0) + float(v)
             bar.update(1)
             if step % cfg.log_every == 0:
-                if main and not watched:  # a log file, not a terminal: one line per window
-                    print_progress(step, total, running / cfg.log_every, started, first_step)
                 _log_window(step, running, running_extra, cfg.log_every, scheduler, accelerator,
-                            log if main else None)
+                            log if main else None, lines)
                 running, running_extra = 0.0, {}
             if checkpoint_dir is not None and _checkpoint_due(cfg, step, total, checkpoint_last):
                 save_checkpoint(checkpoint_dir, raw, optimizer, scheduler, hooks, step,
