@@ -272,6 +272,18 @@ def _flops(model: nn.Module, seq_len: int, heads: list[int], ffn: list[int]) -> 
     return sum(heads) * per_head + sum(ffn) * per_neuron
 
 
+def _start(model: nn.Module, batches, targets, database: RemovalDatabase | None, percdamp: float):
+    """The checks and the database both targets start with: (targets, layout, batches as a list,
+    the phase clock, the database, taken here unless given)."""
+    targets = check_targets(targets)
+    layout = _check_model(model, targets)
+    batches = list(batches)
+    lap = PhaseClock()
+    database = database or removal_database(model, batches, targets, percdamp)
+    lap("database")
+    return targets, layout, batches, lap, database
+
+
 def _remove_as_planned(model: nn.Module, batches: list[dict[str, torch.Tensor]], plan: dict[str, Any],
                        percdamp: float, lap: PhaseClock, flops_before: float, seq_len: int) -> dict[str, Any]:
     """``apply_removal`` of the plan's counts, with the encoder FLOPs at ``seq_len`` before and after."""
@@ -289,12 +301,7 @@ def obs_prune_to_speedup(model: nn.Module, batches: Iterable[dict[str, torch.Ten
     """Remove units, blocks and layers of ``model`` in place, with reconstruction, so ``table``
     predicts ``speedup`` over the dense model (``dense_sizes``; default: ``model`` as it is);
     returns the report. ``database``: one already taken on the same model and batches."""
-    targets = check_targets(targets)
-    layout = _check_model(model, targets)
-    batches = list(batches)
-    lap = PhaseClock()
-    database = database or removal_database(model, batches, targets, percdamp)
-    lap("database")
+    targets, layout, batches, lap, database = _start(model, batches, targets, database, percdamp)
     allow_empty = can_empty_blocks(model.config.model_type)
     sizes = _sizes(model)
     plan = plan_for_speedup_obs(database, sizes, table, speedup, targets, allow_empty, dense_sizes)
@@ -317,12 +324,7 @@ def obs_prune_structured(model: nn.Module, batches: Iterable[dict[str, torch.Ten
         raise UsageError(f"flops_reduction must be in (0, 1), got {flops_reduction}")
     if seq_len < 1:
         raise UsageError(f"seq_len must be a positive number of tokens, got {seq_len}")
-    targets = check_targets(targets)
-    layout = _check_model(model, targets)
-    batches = list(batches)
-    lap = PhaseClock()
-    database = database or removal_database(model, batches, targets, percdamp)
-    lap("database")
+    targets, layout, batches, lap, database = _start(model, batches, targets, database, percdamp)
     per_head, per_neuron = unit_flops(model, seq_len)
     sizes = _sizes(model)
     before = _flops(model, seq_len, *sizes)
