@@ -14,7 +14,7 @@ static-embedding student. The same blocks as ``compress prune / distill --task e
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from compress.api import checks as check
-from compress.core.errors import UsageError
+from compress.core.errors import ModelError, UsageError
 from compress.embedding.model import SentenceEncoder
 
 
@@ -48,13 +48,26 @@ def embed_texts(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_s
     if prompt is not None and not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string or None, not {type(prompt).__name__}")
     prefix = model.prompts.other if prompt is None else prompt
-    return embed(model, tokenizer, [prefix + t for t in _texts(texts)], batch_size)
+    out = embed(model, tokenizer, [prefix + t for t in _texts(texts)], batch_size)
+    if not torch.isfinite(out).all():
+        raise ModelError(f"{int((~torch.isfinite(out)).any(1).sum())} of {len(out)} embeddings hold NaN or "
+                         "infinite values: the model's weights are not finite; load a finite model")
+    return out
 
 
-def _texts(texts: Sequence[str]) -> list[str]:
-    if isinstance(texts, str) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-        raise UsageError("texts must be a non-empty list of non-blank strings (unlabelled sentences)")
-    return list(texts)
+def _texts(texts: Iterable[str]) -> list[str]:
+    """``texts`` as a list (any iterable: a generator is read once); UsageError unless it holds
+    non-blank strings only, at least one."""
+    message = "texts must be a non-empty list of non-blank strings (unlabelled sentences)"
+    if isinstance(texts, (str, bytes)):
+        raise UsageError(message)
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise UsageError(f"{message}, not a {type(texts).__name__}") from None
+    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise UsageError(message)
+    return texts
 
 
 def prune_embedding_model(model: SentenceEncoder, tokenizer, texts: Sequence[str], *,

@@ -604,3 +604,17 @@ def test_without_a_length_limit_the_tokenizer_or_position_table_bounds_it_as_in_
         (st_folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
         assert read_pooling(str(st_folder)).max_length == want
         assert SentenceTransformer(str(st_folder), device="cpu").max_seq_length == want
+
+
+def test_embed_texts_reads_any_iterable_and_refuses_non_finite_embeddings(tiny_bert):
+    import compress
+
+    model, tok = compress.load_embedding_model(str(tiny_bert))
+    listed = compress.embed_texts(model, tok, TEXTS)
+    assert torch.equal(compress.embed_texts(model, tok, (t for t in TEXTS)), listed)  # a generator
+    with pytest.raises(UsageError, match="not a int"):
+        compress.embed_texts(model, tok, 7)
+    with torch.no_grad():
+        model.encoder.embeddings.word_embeddings.weight.fill_(float("nan"))
+    with pytest.raises(ModelError, match="4 of 4 embeddings hold NaN"):
+        compress.embed_texts(model, tok, TEXTS)
