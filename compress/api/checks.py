@@ -154,9 +154,10 @@ def check_calibration(value: Any, model: Any) -> list[dict]:
     return batches
 
 
-def check_initial_masks(value: Any, model: Any) -> None:
-    """``initial_masks``: None, or a dict of canonical parameter name -> bool tensor of that
-    parameter's shape (True = kept), as ``prune_model`` and ``pruner.finalize()`` return."""
+def check_initial_masks(value: Any, model: Any, what: str = "initial_masks") -> None:
+    """``initial_masks`` (or the argument ``what`` names): None, or a dict of canonical parameter
+    name -> bool tensor of that parameter's shape (True = kept), as ``prune_model`` and
+    ``pruner.finalize()`` return."""
     if value is None:
         return
     import torch
@@ -164,19 +165,19 @@ def check_initial_masks(value: Any, model: Any) -> None:
     from compress.pruning.targets import named_weights
 
     if not isinstance(value, dict):
-        raise UsageError(f"initial_masks must be a dict of name -> bool tensor (what prune_model returns) "
+        raise UsageError(f"{what} must be a dict of name -> bool tensor (what prune_model returns) "
                          f"or None, got {type(value).__name__}")
     params = named_weights(model)
     for name, m in value.items():
         if name not in params:
-            raise UsageError(f"initial_masks names '{name}', no parameter of the model; names look like "
+            raise UsageError(f"{what} names '{name}', no parameter of the model; names look like "
                              f"{', '.join(sorted(params)[:2])} (canonical, as prune_model returns them)")
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
-            what = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
-            raise UsageError(f"initial_masks['{name}'] is {what}, not a bool tensor (True = kept); "
+            kind = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
+            raise UsageError(f"{what}['{name}'] is {kind}, not a bool tensor (True = kept); "
                              "pass mask.bool()")
         if tuple(m.shape) != tuple(params[name].shape):
-            raise UsageError(f"initial_masks['{name}'] has shape {list(m.shape)}, the parameter "
+            raise UsageError(f"{what}['{name}'] has shape {list(m.shape)}, the parameter "
                              f"{list(params[name].shape)}")
 
 

@@ -149,9 +149,17 @@ def save_embedding_model(model: SentenceEncoder, tokenizer, folder: str | os.Pat
     masks beside the weights when given; ``SentenceTransformer(folder)`` opens it (a structured-pruned
     model through its stock copy in ``0_Transformer``, the same embeddings)."""
     from compress.embedding.model import save_sentence_transformer
-    from compress.pruning.integrity import MASKS_FILE, save_masks
+    from compress.pruning.integrity import MASKS_FILE, check_masks, save_masks
     from compress.report.modelcard import write_model_card
 
+    check.check_module("model", model)
+    if not isinstance(model, SentenceEncoder):
+        raise UsageError(f"model is a {type(model).__name__}; pass a sentence encoder from "
+                         "compress.load_embedding_model(spec)")
+    check.check_path("folder", folder)
+    check.check_initial_masks(masks, model.encoder, "masks")  # before anything is written
+    if masks:
+        check_masks(model.encoder, masks)
     folder = Path(folder)
     meta = {"task": "embedding", "head": "sentence-embedding", "max_length": model.pooling.max_length,
             **({"base_model": base_model} if base_model else {})}

@@ -618,3 +618,19 @@ def test_embed_texts_reads_any_iterable_and_refuses_non_finite_embeddings(tiny_b
         model.encoder.embeddings.word_embeddings.weight.fill_(float("nan"))
     with pytest.raises(ModelError, match="4 of 4 embeddings hold NaN"):
         compress.embed_texts(model, tok, TEXTS)
+
+
+def test_save_embedding_model_checks_its_masks_before_writing_anything(tiny_bert, tmp_path):
+    import compress
+    from compress.core.errors import IntegrityError
+
+    model, tok = compress.load_embedding_model(str(tiny_bert))
+    q = "encoder.layer.0.attention.self.query.weight"
+    for masks, error, words in (
+            ({q: torch.ones(3, 3, dtype=torch.bool)}, UsageError, "has shape"),
+            ({q: torch.ones(32, 32)}, UsageError, "not a bool tensor"),
+            (["not", "a", "dict"], UsageError, "must be a dict"),
+            ({q: torch.zeros(32, 32, dtype=torch.bool)}, IntegrityError, "pruned weights are non-zero")):
+        with pytest.raises(error, match=words):
+            compress.save_embedding_model(model, tok, tmp_path / "out", masks=masks)
+        assert not (tmp_path / "out").exists()
