@@ -127,10 +127,19 @@ def post_training_targets(cfg: PruneConfig, model) -> tuple[dict, dict]:
     initial, model_dir = {}, Path(resolve_model(cfg.model))
     if (model_dir / MASKS_FILE).is_file():  # re-pruning a pruned model keeps its zeros
         initial, _ = matching_masks(model, load_masks(model_dir / MASKS_FILE))
-        if cfg.structured and any(not m.all() for m in initial.values()):
-            raise UsageError(f"--structured would not keep the zeros of {model_dir}, which is pruned "
-                             f"({MASKS_FILE}); give --structured its dense original, or drop --structured")
+        if cfg.structured:
+            refuse_pruned_model(model_dir, initial)
     return targets, initial
+
+
+def refuse_pruned_model(model_dir: Path, masks: dict | None = None) -> None:
+    """UsageError when the model in ``model_dir`` is pruned (``masks``, else its masks file, hold a
+    zero): --structured removes units and would not keep those zeros."""
+    if masks is None:
+        masks = load_masks(model_dir / MASKS_FILE) if (model_dir / MASKS_FILE).is_file() else {}
+    if any(not m.all() for m in masks.values()):
+        raise UsageError(f"--structured would not keep the zeros of {model_dir}, which is pruned "
+                         f"({MASKS_FILE}); give --structured its dense original, or drop --structured")
 
 
 def post_training_meta(cfg: PruneConfig, masks: dict | None, structured: dict | None) -> dict:

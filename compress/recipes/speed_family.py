@@ -28,10 +28,16 @@ from typing import Any
 from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
+from compress.models.loading import resolve_model
 from compress.pruning.criteria import STRUCTURED_SEARCHES
 from compress.pruning.structured import layer_sizes
 from compress.recipes.finetune import load_task_data
-from compress.recipes.post_training import calibration_batches, prune_post_training, read_calibration_text
+from compress.recipes.post_training import (
+    calibration_batches,
+    prune_post_training,
+    read_calibration_text,
+    refuse_pruned_model,
+)
 from compress.recipes.prune import PruneConfig, check_latency_shape_fits, latency_shape_from, latency_shape_of
 from compress.tasks import get_task
 
@@ -62,23 +68,11 @@ def check_family(cfg: PruneConfig) -> None:
 
         check_embedding_config(cfg)
     else:
-        _refuse_masked_model(cfg.model)
+        refuse_pruned_model(Path(resolve_model(cfg.model)))  # before the latency table and calibration
     check_latency_shape_fits(cfg)
     if cfg.latency_runtime not in SHIPPING:
         raise UsageError(f"--latency-runtime {cfg.latency_runtime}: a family ships in one of "
                          f"{', '.join(SHIPPING)}")
-
-
-def _refuse_masked_model(spec: str) -> None:
-    """A pruned ``--model`` (masks with zeros) is refused before the latency table and calibration,
-    as one target refuses it: removing units would not keep its zeros."""
-    from compress.models.loading import resolve_model
-    from compress.pruning.integrity import MASKS_FILE, load_masks
-
-    masks_file = Path(resolve_model(spec)) / MASKS_FILE
-    if masks_file.is_file() and any(not m.all() for m in load_masks(masks_file).values()):
-        raise UsageError(f"--structured would not keep the zeros of {masks_file.parent}, which is pruned "
-                         f"({MASKS_FILE}); give --structured its dense original")
 
 
 def run_speed_family(cfg: PruneConfig) -> Path:
