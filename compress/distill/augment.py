@@ -83,6 +83,16 @@ def require_nltk_data() -> None:
                         f"it (e.g. ../shared/data/nltk_data); or pass --augment 0")
 
 
+def mask_token_of(tokenizer, fix: str = "pass --p-mask 0") -> str:
+    """The mask token augmentation writes (``[MASK]``, RoBERTa's ``<mask>``); a tokenizer without
+    one gets its unknown token, which every vocabulary reads as a word it cannot see."""
+    token = tokenizer.mask_token or tokenizer.unk_token
+    if token is None:
+        raise UsageError("augmentation masks words, but the teacher's tokenizer has neither a mask nor an "
+                         f"unknown token; {fix}")
+    return token
+
+
 class TaggedWord(NamedTuple):
     word: str
     tag: str  # Penn Treebank

@@ -37,6 +37,7 @@ from compress.distill.losses import (
     distillation_loss,
     layerwise_mse,
 )
+from compress.distill.transfer import HAS_LABEL, is_labelled, mark_teacher_only
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
 TEACHER_SELF = "self"  # --teacher self: the dense model the run starts from
@@ -119,12 +120,16 @@ def attach_teacher_logits(feats: list[dict], logits) -> list[dict]:
 
 
 def teacher_logits_collate(base: Callable[[list[dict]], dict]) -> Callable[[list[dict]], dict]:
-    """``base`` (the tokenizer's padding collate) plus a ``teacher_logits`` tensor (batch, labels)."""
+    """``base`` (the tokenizer's padding collate) plus a ``teacher_logits`` tensor (batch, labels)
+    and, when any example is teacher-only (``compress.distill.transfer``), a ``has_label`` bool
+    tensor (batch,)."""
 
     def collate(rows: list[dict]) -> dict:
-        batch = base([{k: v for k, v in r.items() if k != TEACHER_LOGITS} for r in rows])
+        batch = base([{k: v for k, v in r.items() if k not in (TEACHER_LOGITS, HAS_LABEL)} for r in rows])
         if rows and TEACHER_LOGITS in rows[0]:
             batch[TEACHER_LOGITS] = torch.tensor([r[TEACHER_LOGITS] for r in rows], dtype=torch.float32)
+        if any(HAS_LABEL in r for r in rows):
+            batch[HAS_LABEL] = torch.tensor([is_labelled(r) for r in rows], dtype=torch.bool)
         return batch
 
     return collate
@@ -198,8 +203,11 @@ class TeacherLogitsLoss:
             teacher.eval().requires_grad_(False)
 
     def __call__(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
-        inputs = {k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS)}
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS, HAS_LABEL)}
         labels = batch["labels"]
+        has_label = batch.get(HAS_LABEL)
+        if has_label is None:
+            has_label = torch.ones(labels.shape[0], dtype=torch.bool, device=labels.device)
         hidden = self.hidden_weight > 0 or self.layers_weight > 0
         out = model(**inputs, output_hidden_states=hidden) if hidden else model(**inputs)
         teacher_logits = batch.get(TEACHER_LOGITS)
@@ -209,8 +217,7 @@ class TeacherLogitsLoss:
             with torch.no_grad():
                 t_out = self.teacher(**inputs, output_hidden_states=hidden)
             teacher_logits, t_hidden = t_out.logits, (t_out.hidden_states if hidden else None)
-        parts = distillation_loss(out.logits, teacher_logits, labels,
-                                  torch.ones(labels.shape[0], dtype=torch.bool, device=labels.device),
+        parts = distillation_loss(out.logits, teacher_logits, labels, has_label.to(labels.device),
                                   self.multilabel, self.temperature, self.kd_lambda)
         loss = parts["loss"]
         extra = {"task_loss": float(parts["task"].detach()), "kd_loss": float(parts["distill"].detach())}
@@ -317,14 +324,16 @@ def load_teacher(cfg, labels, tokenizer, multilabel: bool, dense=None, student=N
 
 
 def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds, feats,
-                     multilabel: bool, run) -> dict:
+                     multilabel: bool, run, extras=None) -> dict:
     """``train`` arguments (feats, collate, loss_fn) that add the teacher's KD term to the loss;
     without a teacher (``teacher`` None) just ``{"feats": feats}``, plain training.
 
     The teacher's logits over the training set are computed once (cached in the run folder under
     a key of the teacher's files and the texts, so a resumed run reuses them); with --kd-hidden or
     --kd-layers the teacher runs each step instead, for its hidden states (the layer-wise term
-    matches the student's ``kept_layers``, read when each step runs: after a structured prune)."""
+    matches the student's ``kept_layers``, read when each step runs: after a structured prune).
+    ``extras`` (``compress.distill.transfer.TransferExtras``): teacher-only texts appended to the
+    transfer set after the labelled examples, learnt from through the KD term only."""
     from compress.distill.teacher import (
         CACHE_DIR,
         cached_logits,
@@ -332,13 +341,20 @@ def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds,
         teacher_predict,
         transfer_key,
     )
-    from compress.training.loop import make_collate
+    from compress.distill.transfer import concat
+    from compress.training.loop import encode, make_collate
 
     if teacher is None:
+        if extras is not None:
+            raise UsageError("teacher-only transfer examples need a teacher to label them")
         return {"feats": feats}
+    if extras is not None:
+        feats = feats + mark_teacher_only(encode(tokenizer, extras.texts, cfg.max_length))
+        train_ds = concat(train_ds, extras.texts)
     lam = cfg.lambda_for(multilabel)
+    collate = teacher_logits_collate(make_collate(tokenizer))
     if cfg.kd_hidden > 0 or cfg.kd_layers > 0:
-        return {"feats": feats, "collate": make_collate(tokenizer),
+        return {"feats": feats, "collate": collate,
                 "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature, cfg.kd_hidden, teacher,
                                              layers_weight=cfg.kd_layers)}
     if torch.cuda.is_available():
@@ -354,8 +370,7 @@ def teacher_training(cfg, teacher, teacher_dir: str | None, tokenizer, train_ds,
         key = transfer_key(teacher_fingerprint(teacher_dir), train_ds.texts, train_ds.pairs, cfg.max_length)
         logits, _ = cached_logits(run.path / CACHE_DIR / "train.safetensors", key, compute)
     teacher.to("cpu")
-    return {"feats": attach_teacher_logits(feats, logits),
-            "collate": teacher_logits_collate(make_collate(tokenizer)),
+    return {"feats": attach_teacher_logits(feats, logits), "collate": collate,
             "loss_fn": TeacherLogitsLoss(multilabel, lam, cfg.temperature)}
 
 

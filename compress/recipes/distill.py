@@ -18,7 +18,13 @@ import torch
 from compress.core.config import check_choice, check_range, option, option_like, to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir
-from compress.distill.augment import OPERATORS, AugmentConfig, augment_texts, require_nltk_data
+from compress.distill.augment import (
+    OPERATORS,
+    AugmentConfig,
+    augment_texts,
+    mask_token_of,
+    require_nltk_data,
+)
 from compress.distill.embeddings import (
     check_embed_dim,
     check_embedding_spec,
@@ -249,16 +255,6 @@ def hold_out(ds, fraction: float, seed: int):
     held = set(np.random.default_rng(seed).permutation(len(ds))[:n_val].tolist())
     keep = [i for i in range(len(ds)) if i not in held]
     return ds.select(keep), ds.select(sorted(held))
-
-
-def mask_token_of(tokenizer) -> str:
-    """The mask token augmentation writes (``[MASK]``, RoBERTa's ``<mask>``); a tokenizer without
-    one gets its unknown token, which every vocabulary reads as a word it cannot see."""
-    token = tokenizer.mask_token or tokenizer.unk_token
-    if token is None:
-        raise UsageError("--augment masks words, but the teacher's tokenizer has neither a mask nor an "
-                         "unknown token; pass --p-mask 0")
-    return token
 
 
 def non_feature_ids(tokenizer) -> tuple[int, ...]:

@@ -23,7 +23,9 @@ from pathlib import Path
 from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
+from compress.distill.augment import AugmentConfig, mask_token_of, require_nltk_data
 from compress.distill.teacher_kd import SpanDistillation, load_teacher, teacher_summary, teacher_training
+from compress.distill.transfer import transfer_extras
 from compress.models.loading import load_classifier, resolve_model
 from compress.pruning.calibration import calibration_sample
 from compress.pruning.integrity import MASKS_FILE, check_finite_parameters, load_masks
@@ -213,7 +215,15 @@ def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path
 
     check_latency_shape_fits(cfg)
     lines = read_calibration_text(cfg)
-    spec, data = load_task_data(cfg)
+    if cfg.recovery_augment:
+        require_nltk_data()
+    spec, data = load_task_data(replace(cfg, train_limit=cfg.train_limit + cfg.recovery_unlabeled)
+                                if cfg.recovery_unlabeled else cfg)
+    unlabeled = None
+    if cfg.recovery_unlabeled:  # the texts after the first --train-limit: the teacher labels them
+        pool = data["train"]
+        data["train"] = pool.subset(cfg.train_limit)
+        unlabeled = pool.select(list(range(len(data["train"]), len(pool))))
     labels = data["train"].label_names
     multilabel = data["train"].multilabel
     set_seed(cfg.seed)
@@ -222,6 +232,10 @@ def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path
     targets, initial = post_training_targets(cfg, model)
     teacher, teacher_dir = (load_teacher(cfg, labels, tokenizer, multilabel, student=model) if cfg.teacher
                             else (None, None))
+    augment = (AugmentConfig(copies=cfg.recovery_augment, seed=cfg.seed,
+                             mask_token=mask_token_of(tokenizer, "drop --recovery-augment"))
+               if cfg.recovery_augment else None)
+    extras = None
     with RunDir("prune", name=run_name(cfg, spec.name), out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
@@ -239,8 +253,11 @@ def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path
         if cfg.recovery_steps:
             hooks = [KeepMasksHook(model, once.masks, {})] if once.masks else []
             hooks = start_tracking(run, cfg.report_to, to_dict(cfg), "prune", hooks)
+            extras = transfer_extras(data["train"], unlabeled, augment)
+            if extras is not None:
+                run.log_metrics({"phase": "recovery", "transfer_extras": extras.summary()})
             kd = teacher_training(cfg, teacher, teacher_dir, tokenizer, data["train"], once.feats, multilabel,
-                                  run)
+                                  run, extras)
             feats = kd.pop("feats")
             if not multilabel:  # a small class gets drawn again, so a fixed number of steps keeps it
                 feats, balance = oversample_small_classes(feats, len(labels), cfg.recovery_class_floor,
@@ -258,7 +275,7 @@ def prune_post_training(cfg: PruneConfig, fisher=None, dense_sizes=None) -> Path
                 "pruning": post_training_meta(cfg, once.masks, once.structured)}
         save_pruned(run, model, tokenizer, once.masks, meta, {
             **post_training_summary(cfg, spec.name, spec.metric, once, metrics, steps, t0),
-            "distillation": distill})
+            "distillation": distill, "transfer_extras": extras.summary() if extras is not None else None})
         shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return run.path
 

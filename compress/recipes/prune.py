@@ -120,6 +120,14 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                                    "with fewer than F x its even share of the training "
                                                    "examples is drawn again up to that share, so the "
                                                    "recovery keeps it; 0 = off")
+    recovery_unlabeled: int = option(0, help="post-training recovery with --teacher: add N texts of the "
+                                             "task's training split beyond --train-limit to the transfer "
+                                             "set, labelled by the teacher only (their gold labels are "
+                                             "never read)")
+    recovery_augment: int = option(0, help="post-training recovery with --teacher: add N augmented "
+                                           "copies of each labelled example (compress distill's "
+                                           "--augment operators, Tang et al. 2019) to the transfer set, "
+                                           "labelled by the teacher only; needs NLTK's tagger")
     calibration_samples: int = option(512, help="post-training: training examples (never the dev "
                                                 "split) run through the model to choose the masks")
     calibration_data: str | None = option(None, help="post-training: calibrate on this text file, or "
@@ -218,6 +226,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
             raise UsageError("--recovery-steps applies to --stage after-finetune and post-training only")
         check_range("calibration_samples", self.calibration_samples, 1)
         check_range("recovery_class_floor", self.recovery_class_floor, 0, 1)
+        self._check_transfer_extras()
         self._check_calibration()
         if self.corpus and self.stage != "pretrain":
             raise UsageError("--corpus applies to --stage pretrain only")
@@ -297,6 +306,24 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
             raise UsageError("--stage post-training runs in minutes and does not resume; run it again "
                              "without --resume")
         refuse_post_training_flags(self)
+
+    def _check_transfer_extras(self) -> None:
+        """Teacher-only transfer examples (--recovery-unlabeled, --recovery-augment) need a recovery
+        that distils: post-training, --recovery-steps and --teacher; the unlabeled texts lie beyond
+        a --train-limit."""
+        check_range("recovery_unlabeled", self.recovery_unlabeled, 0)
+        check_range("recovery_augment", self.recovery_augment, 0)
+        given = [f"--recovery-{n} {getattr(self, 'recovery_' + n)}" for n in ("unlabeled", "augment")
+                 if getattr(self, "recovery_" + n)]
+        if not given:
+            return
+        if self.stage != "post-training" or not self.recovery_steps or self.teacher is None:
+            raise UsageError(f"{' and '.join(given)} adds examples only a teacher labels to a recovery: "
+                             "it needs --stage post-training, --recovery-steps N and --teacher (or "
+                             "--teacher self); drop it or add those")
+        if self.recovery_unlabeled and self.train_limit is None:
+            raise UsageError(f"--recovery-unlabeled {self.recovery_unlabeled} reads the training texts after "
+                             "the first --train-limit; set --train-limit N (the labelled examples)")
 
     def _check_pattern(self) -> None:
         """N:M pruning is per matrix, by magnitude, at sparsity N/M: the default sparsity becomes

@@ -5,7 +5,8 @@ training steps (a recovery after pruning) sees every class often enough to keep 
     feats, report = oversample_small_classes(feats, n_classes=6, floor=0.5, seed=42)
 
 Single-label examples only (``labels`` an int); a set whose classes all reach the floor comes back
-unchanged, the same list object.
+unchanged, the same list object. Examples marked ``has_label`` False (teacher-only transfer
+examples, ``compress.distill.transfer``) carry no class: they are neither counted nor drawn.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import random
 
 from compress.core.errors import UsageError
+from compress.training.loop import HAS_LABEL
 
 
 def oversample_small_classes(feats: list[dict], n_classes: int, floor: float, seed: int
@@ -30,13 +32,14 @@ def oversample_small_classes(feats: list[dict], n_classes: int, floor: float, se
     if floor == 0 or not feats:
         return feats, report
     by_class: dict[int, list[int]] = {}
-    for i, f in enumerate(feats):
-        label = f["labels"]
+    labelled = [i for i, f in enumerate(feats) if f.get(HAS_LABEL, True)]
+    for i in labelled:
+        label = feats[i]["labels"]
         if not isinstance(label, int):
             raise UsageError("class balancing applies to single-label tasks; this one has multi-label "
                              "examples")
         by_class.setdefault(label, []).append(i)
-    target = math.ceil(floor * len(feats) / n_classes)
+    target = math.ceil(floor * len(labelled) / n_classes)
     rng = random.Random(seed)
     extra: list[dict] = []
     for label in sorted(by_class):

@@ -159,6 +159,11 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# An encoded example marked False under this key has no gold label (a teacher-only transfer example,
+# ``compress.distill.transfer``): losses and class balancing skip it; absent means labelled.
+HAS_LABEL = "has_label"
+
+
 def encode(tokenizer, ds: TextDataset, max_length: int) -> list[dict]:
     """Tokenize once; labels become ints (single-label) or multi-hot float vectors (multi-label)."""
     enc = tokenizer(ds.texts, ds.pairs, truncation=True, max_length=max_length)

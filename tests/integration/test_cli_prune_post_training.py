@@ -369,3 +369,17 @@ def test_fisher_on_unlabelled_text_uses_the_models_own_predictions_and_says_what
     assert main(["verify", str(out)]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("ok: every weight finite, no masks (structured-pruned model)"), line
+
+
+def test_recovery_learns_unlabeled_and_augmented_texts_from_the_teacher(finetuned, tmp_path, nltk_data):
+    out = tmp_path / "extras"
+    assert main(["prune", "--stage", "post-training", "--model", str(finetuned("bert")), "--structured",
+                 "heads,ffn", "--criterion", "obs", "--flops-reduction", "0.3", "--calibration-samples", "16",
+                 "--recovery-steps", "2", "--teacher", "self", "--train-limit", "100",
+                 "--recovery-unlabeled", "40", "--recovery-augment", "1", *FAST, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["transfer_extras"] == {"unlabeled": 40, "augmented": 100}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"phase": "recovery", "transfer_extras": {"unlabeled": 40, "augmented": 100}} in rows
+    assert summary["recovery_steps"] == 2 and summary["distillation"]["teacher"] == "self"
+    assert main(["verify", str(out)]) == 0

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from compress.distill.augment import mask_token_of
 from compress.distill.embeddings import vectors_for_vocab
 from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
-from compress.recipes.distill import flops_input_ids, mask_token_of, non_feature_ids
+from compress.recipes.distill import flops_input_ids, non_feature_ids
 from compress.tasks.qa import QAExample
 from students.logreg import LogRegConfig, LogRegStudent
 from tests.conftest import TINY_CONTEXT

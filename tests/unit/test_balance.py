@@ -41,3 +41,12 @@ def test_the_draw_is_seeded():
 def test_bad_input_is_one_clear_error(feats, n, floor, words):
     with pytest.raises(UsageError, match=words):
         oversample_small_classes(feats, n, floor, 0)
+
+
+def test_teacher_only_examples_are_neither_counted_nor_drawn():
+    labelled = [{"labels": 0}] * 9 + [{"labels": 1}]
+    teacher_only = [{"labels": 0, "has_label": False}] * 90  # placeholders, not a class
+    out, report = oversample_small_classes(labelled + teacher_only, n_classes=2, floor=1.0, seed=0)
+    # the even share of the 10 labelled examples is 5: class 1 drawn 4 more times, from itself
+    assert report["classes"] == {1: [1, 5]}
+    assert out[100:] == [{"labels": 1}] * 4
