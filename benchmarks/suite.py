@@ -126,7 +126,10 @@ def run_benchmark(entry: Benchmark, argv: list[str]) -> int:
     """Parse, run, write the result file; the exit code (1 when a step failed)."""
     parser, args = parse(entry, argv)
     module = entry.load()
-    budget = module.budget(args)
+    try:
+        budget = module.budget(args)
+    except BenchmarkError as exc:
+        parser.error(str(exc))
     ctx = Context(entry.name, dry_run=args.dry_run, python=getattr(args, "python", sys.executable),
                   work=getattr(args, "work", None))
     if args.dry_run:
