@@ -1,6 +1,6 @@
 """KD vs --no-kd for the logistic-regression student over several seeds, beside scikit-learn's
 LogisticRegression on the same tf-idf features (an independent optimum to check the student's
-training against). One JSON to artifacts/benchmarks/.
+training against).
 
 The linear student's KD gain is small next to seed-to-seed variation, so one run per side cannot
 tell them apart; this runs both sides for each seed on the same transfer set (no augmentation:
@@ -11,33 +11,27 @@ only, so the --no-kd runs cannot use them). The copies come from ``--data-seed``
 every run, so the teacher labels them once; the seeds vary the students' training. ``--val-fraction``
 keeps each student's best epoch on held-out training sentences (the same ones in every run).
 
-    python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --seeds 42,1,2
-    python benchmarks/distill_logreg_seeds.py --teacher artifacts/finetune/<sst2 run> --augment 10
-    python benchmarks/distill_logreg_seeds.py --teacher ... --augment 10 --kd-loss mse \
+    python -m benchmarks distill-logreg-seeds --teacher artifacts/finetune/<sst2 run> --seeds 42,1,2
+    python -m benchmarks distill-logreg-seeds --teacher artifacts/finetune/<sst2 run> --augment 10
+    python -m benchmarks distill-logreg-seeds --teacher ... --augment 10 --kd-loss mse \
         --teacher-cache artifacts/distill/<a KD run of the first seed with the same --augment>
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.suite import read_json
+from compress.distill.augment import OPERATORS, AugmentConfig  # no torch: --help stays fast
 
-from compress.core.runs import artifacts_root, environment, write_json  # noqa: E402
-from compress.distill.augment import OPERATORS, AugmentConfig  # noqa: E402
-from compress.models.loading import load_tokenizer  # noqa: E402
-from compress.recipes.distill import DistillConfig, run_distill  # noqa: E402
-from compress.recipes.finetune import load_task_data  # noqa: E402
-from compress.report.analysis import paired_comparison  # noqa: E402
+COMMON = ("data_dir", "seeds")
+SEEDS = "42,1,2"
 
 
-def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[str, float]]:
+def sklearn_reference(cfg, cs: list[float]) -> tuple[str, dict[str, float]]:
     """The task's dev score (accuracy; micro-F1 for multi-label tasks, one-vs-rest) of sklearn's
     LogisticRegression(C) on the student's own tf-idf features: (metric name, {C: score})."""
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -46,6 +40,8 @@ def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[st
     from sklearn.multiclass import OneVsRestClassifier
     from sklearn.preprocessing import MultiLabelBinarizer
 
+    from compress.models.loading import load_tokenizer
+    from compress.recipes.finetune import load_task_data
     from students.logreg import LogRegConfig, LogRegStudent
 
     _, data = load_task_data(cfg)
@@ -74,15 +70,12 @@ def sklearn_reference(cfg: DistillConfig, cs: list[float]) -> tuple[str, dict[st
     return "micro_f1", scores
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+def add_arguments(p) -> None:
     p.add_argument("--teacher", required=True, help="a fine-tuned run folder of --task")
     p.add_argument("--task", default="sst2")
     p.add_argument("--train-limit", type=int, default=20000)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--seeds", default="42,1,2")
     p.add_argument("--data-seed", type=int, default=None,
                    help="seed of the held-out split and augmented copies (default: the first seed); "
                         "fix it to run seeds in separate calls over one --teacher-cache")
@@ -96,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--val-fraction", type=float, default=0.0, help="held-out share for epoch selection")
     p.add_argument("--kd-loss", default="kl", help="kl or mse (the KD runs)")
     p.add_argument("--teacher-cache", default=None,
-                   help="an earlier KD run of this script whose cached teacher logits to reuse")
+                   help="an earlier KD run of this benchmark whose cached teacher logits to reuse")
     p.add_argument("--weight-decay", type=float, default=None,
                    help="the students' L2 penalty (default: the logreg student's own default)")
     p.add_argument("--lr", type=float, default=None, help="the students' learning rate (default: its own)")
@@ -104,13 +97,28 @@ def main(argv=None) -> int:
                    help="inverse L2 strengths of the scikit-learn reference (comma list)")
     p.add_argument("--kd-lambda", type=float, default=None,
                    help="weight of the KD term (default: the task family's, 4 single-label, 1 multi-label)")
-    p.add_argument("--temperature", type=float, default=DistillConfig.temperature, help="KD temperature")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    p.add_argument("--temperature", type=float, default=None, help="KD temperature (default: distill's)")
+
+
+def budget(args) -> str:
+    return (f"2 x {len(args.seeds)} logreg runs (KD and --no-kd per seed), {args.epochs} epochs on "
+            f"{args.train_limit} {args.task} examples + {args.augment} augmented copies and "
+            f"{args.unlabeled_examples} unlabelled examples (KD); sklearn at C = {args.sklearn_c}")
+
+
+def run(args, ctx) -> dict | None:
+    if ctx.dry_run:
+        print(f"# logreg KD and --no-kd for seeds {args.seeds}, then scikit-learn's reference")
+        return None
+    from compress.recipes.distill import DistillConfig, run_distill
+    from compress.report.analysis import paired_comparison
+
+    if args.temperature is None:
+        args.temperature = DistillConfig.temperature
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
     if (Path(args.data_dir) / "nltk_data").is_dir():  # the tagger data shipped with the data folder
         os.environ.setdefault("NLTK_DATA", str(Path(args.data_dir) / "nltk_data"))
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    seeds = args.seeds
     data_seed = args.data_seed if args.data_seed is not None else seeds[0]
     t_start = time.time()
     runs, cache = [], args.teacher_cache
@@ -133,7 +141,7 @@ def main(argv=None) -> int:
             run = run_distill(cfg)
             if mode == "kd" and cache is None:
                 cache = str(run)  # the same transfer set for every seed: labelled once
-            s = json.loads((run / "summary.json").read_text())
+            s = read_json(run / "summary.json")
             runs.append({"seed": seed, "mode": mode, "run": str(run), "score": s["student_eval"]["score"],
                          "model_selection": s["model_selection"],
                          "augmented_examples": s["augmented_examples"],
@@ -156,11 +164,7 @@ def main(argv=None) -> int:
               "stats": stats, "kd_mean_minus_no_kd_mean": stats["kd"]["mean"] - stats["no-kd"]["mean"],
               "kd_minus_no_kd_by_seed": paired,
               "sklearn_metric": metric, "sklearn_logistic_regression_dev_score_by_C": ref,
-              "wall_seconds": round(time.time() - t_start, 1), "env": environment(seeds[0])}
-    default = artifacts_root() / "benchmarks" / f"distill_logreg_seeds_{args.task}.json"
-    out = Path(args.out) if args.out else default
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, report)
+              "wall_seconds": round(time.time() - t_start, 1)}
     for m, st in stats.items():
         print(f"logreg {m:<6} mean {st['mean']:.4f}  sd {st['stdev']:.4f}  "
               f"[{st['min']:.4f}, {st['max']:.4f}]")
@@ -169,9 +173,4 @@ def main(argv=None) -> int:
           f"of {len(paired['seeds'])} seeds, paired t-test p = {p_text}")
     print(f"sklearn LogisticRegression on the same features ({metric}):",
           {c: round(v, 4) for c, v in ref.items()})
-    print(f"-> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return report

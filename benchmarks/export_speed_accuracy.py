@@ -9,19 +9,18 @@ Given the models (paths), this script does everything itself:
 2. on --task, reports dev-set accuracy of each exported model (fp32 and int8);
 3. times, in one process and run, MiniLM PyTorch fp32 (baseline) and every ONNX model at batch
    32 x length 128 and batch 1 x 128 (``compress bench``'s library function);
-4. writes ``artifacts/bench/export-speed-accuracy-<time>.json`` with the table, the throughput
-   ratios against the targets, the accuracies, fused-op counts and the machine (matmul peak, VNNI).
+4. returns the table, the throughput ratios against the targets, the accuracies, fused-op counts
+   and the machine (matmul peak, VNNI); the ONNX files and the bench run folder go to --work.
 
 Example (the lead's full run)::
 
-    python benchmarks/export_speed_accuracy.py --minilm artifacts/finetune/SST2 \\
+    python -m benchmarks export-speed-accuracy --minilm artifacts/finetune/SST2 \\
         --structured artifacts/prune/STRUCT40 --bilstm artifacts/distill/BILSTM \\
-        --kimcnn artifacts/distill/KIMCNN --logreg artifacts/distill/LR \\
-        --task sst2 --data-dir ../shared/data
+        --kimcnn artifacts/distill/KIMCNN --logreg artifacts/distill/LR --task sst2
 
 A quick sanity run on MiniLM alone::
 
-    python benchmarks/export_speed_accuracy.py --minilm minilm --iterations 3 --warmup 1
+    python -m benchmarks export-speed-accuracy --minilm minilm --iterations 3 --warmup 1
 
 ``--make-structured 0.4`` prunes MiniLM structurally here when no fine-tuned structured model is
 given (speed only: such a model is not fine-tuned, so its accuracy is not comparable).
@@ -29,12 +28,12 @@ given (speed only: such a model is not fine-tuned, so its accuracy is not compar
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 from pathlib import Path
+
+from benchmarks.suite import BenchmarkError
+
+COMMON = ("data_dir", "work")
 
 # throughput targets vs the PyTorch fp32 baseline at batch 32 x 128
 TARGETS = {
@@ -48,8 +47,7 @@ TARGETS = {
 BASELINE = "MiniLM torch fp32"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--minilm", default="minilm", help="MiniLM (fine-tuned run folder for accuracy)")
     p.add_argument("--structured", help="structured-pruned (and fine-tuned) MiniLM folder")
     p.add_argument("--make-structured", type=float, metavar="SPARSITY",
@@ -57,8 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bilstm", help="KD-BiLSTM student folder")
     p.add_argument("--kimcnn", help="KD-KimCNN student folder")
     p.add_argument("--logreg", help="KD-LR student folder")
-    p.add_argument("--task", help="task for dev-set accuracy (e.g. sst2)")
-    p.add_argument("--data-dir", help="data folder of --task")
+    p.add_argument("--task", help="task for dev-set accuracy (e.g. sst2; its data in --data-dir)")
     p.add_argument("--eval-limit", type=int, help="first N dev examples only")
     p.add_argument("--batch-sizes", default="32,1")
     p.add_argument("--seq-len", type=int, default=128)
@@ -69,19 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="intra-op threads (default: torch's)")
     p.add_argument("--per-tensor", action="store_true",
                    help="one int8 scale per weight matrix (default: per output column)")
-    p.add_argument("--out", default="artifacts/bench", help="folder for the JSON and the ONNX files")
-    return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    from compress.core.errors import CompressError
-
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except CompressError as exc:
-        print(f"export_speed_accuracy: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+def budget(args) -> str:
+    scores = f" and {args.task} dev scores" if args.task else ""
+    return (f"exports with parity checks{scores}; one bench run: {args.rounds} rounds of {args.iterations} "
+            f"timed calls per model at batch {args.batch_sizes} x {args.seq_len}")
 
 
 def _export(name: str, model: str, work: Path, args, optimize: bool, int8: bool, accuracy: bool) -> dict:
@@ -127,24 +117,26 @@ def _has_labels(spec: str) -> bool:
     return "label_names" in read_meta(resolve_model(spec))
 
 
-def run(args) -> int:
-    from compress.core.errors import UsageError
-    from compress.recipes.bench import BenchConfig, BenchOptions, format_bench, run_bench
-
+def run(args, ctx) -> dict | None:
     try:
         batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     except ValueError:
-        raise UsageError(f"--batch-sizes takes integers separated by commas, got {args.batch_sizes!r}"
-                         ) from None
+        raise BenchmarkError(f"--batch-sizes takes integers separated by commas, got {args.batch_sizes!r}"
+                             ) from None
+    if ctx.dry_run:
+        print(f"# exports of {args.minilm} and the given models, one bench at {batch_sizes} x {args.seq_len}")
+        return None
+    from compress.recipes.bench import BenchConfig, BenchOptions, format_bench, run_bench
+
     # the timing options are checked now, not after minutes of exports
     BenchOptions(batch_sizes=batch_sizes, seq_lens=(args.seq_len,), warmup=args.warmup,
                  iterations=args.iterations, rounds=args.rounds, threads=args.threads)
-    out = Path(args.out)
+    out = Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work = out / f"export-speed-accuracy-{stamp}-onnx"
     work.mkdir()
-    summary: dict = {"args": vars(args), "exports": {}, "notes": []}
+    summary: dict = {"exports": {}, "notes": []}
     accuracy = bool(args.task)
 
     structured = args.structured
@@ -218,12 +210,5 @@ def run(args) -> int:
         print(f"  accuracy {name}: {scores}")
     if "structured_vs_dense_points" in summary:
         print(f"  structured vs dense fp32 (points): {summary['structured_vs_dense_points']}")
-    path = out / f"export-speed-accuracy-{stamp}.json"
-    path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    print(f"-> {path} (bench run folder {result['run_dir']}, ONNX files in {work})")
-    return 0
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    raise SystemExit(main())
+    print(f"bench run folder {result['run_dir']}, ONNX files in {work}")
+    return summary

@@ -1,34 +1,31 @@
 """Speedup families of several seeds as one table: per method and target, the mean and spread of
-each score and measured speedup across the seeds' ``family.json`` (benchmarks/structured_reconstruction.sh
-writes one folder per method and seed, named METHOD-sSEED).
+each score and measured speedup across the seeds' ``family.json`` (structured-reconstruction writes
+one folder per method and seed, named METHOD-sSEED).
 
-    python benchmarks/family_seeds.py OUT --out artifacts/structured-reconstruction.json
+    python -m benchmarks family-seeds artifacts/structured-reconstruction
 
 Spread = half the range (max - min) / 2 of the seeds' values: with two seeds, the distance of each
-from their mean. Writes the JSON (date, commit, machine, the rows) and prints a Markdown table.
+from their mean. The result holds the rows; the Markdown table is printed.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-import os
-import platform
 import re
-import subprocess
 from pathlib import Path
+
+from benchmarks.suite import BenchmarkError
 
 FIELDS = {"one-shot": "score_before_recovery", "fp32": "score_fp32", "int8": "score_int8",
           "macro-F1 int8": "macro_f1_int8", "predicted": "predicted_speedup"}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def add_arguments(p) -> None:
+    p.add_argument("folder", type=Path, help="a folder of METHOD-sSEED family folders")
+
+
+def budget(args) -> str:
+    return "none: reads finished family folders"
 
 
 def _stats(values: list[float]) -> dict:
@@ -38,7 +35,7 @@ def _stats(values: list[float]) -> dict:
 def collect(folder: Path) -> list[dict]:
     """One row per method (the folder name without its seed) and target label."""
     groups: dict[str, list[tuple[str, dict]]] = {}
-    for family in sorted(folder.glob("*/family.json")):
+    for family in sorted(Path(folder).glob("*/family.json")):
         m = re.fullmatch(r"(.+)-s(\d+)", family.parent.name)
         if m:
             groups.setdefault(m.group(1), []).append((m.group(2), json.loads(family.read_text())))
@@ -78,22 +75,12 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="the OUT folder of structured_reconstruction.sh")
-    parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
-    args = parser.parse_args()
+def run(args, ctx) -> dict | None:
+    if ctx.dry_run:
+        print(f"# reads {args.folder}/*-sSEED/family.json")
+        return None
     rows = collect(args.folder)
     if not rows:
-        raise SystemExit(f"no METHOD-sSEED/family.json under {args.folder}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    args.out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "commit": _commit(),
-                                    "machine": {"cpu": platform.processor() or platform.machine(),
-                                                "cores": os.cpu_count(), "load": load},
-                                    "rows": rows}, indent=2))
+        raise BenchmarkError(f"no METHOD-sSEED/family.json under {args.folder}")
     print(markdown(rows))
-
-
-if __name__ == "__main__":
-    main()
+    return {"folder": str(args.folder), "rows": rows}

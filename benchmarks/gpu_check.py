@@ -1,5 +1,5 @@
-"""The GPU check's driver (run by ``benchmarks/gpu_check.sh``): half-precision exports and PyTorch
-peers on a CUDA machine, with no hub and no ../shared.
+"""One prepared check for a lent GPU machine (under 8 minutes, no hub, no ../shared): half-precision
+exports and PyTorch peers on a CUDA machine.
 
 1. builds random-weight BERT classifiers from config: MiniLM's shapes (6 layers, hidden 384,
    12 heads, FFN 1536) and BERT-base's (12 layers, 768, 12 heads, 3072), vocabulary 30522;
@@ -13,30 +13,28 @@ peers on a CUDA machine, with no hub and no ../shared.
 4. runs the tests marked ``gpu`` (after the MiniLM shape's bench, before BERT-base's); they include
    a bf16 export checked on CUDA (does onnxruntime's CUDA provider run the bfloat16 graph?), and a
    bf16 export of the MiniLM shape comes last if time is left;
-5. writes ``<out>/gpu_check.json`` after every step (a killed run keeps what it finished): every
-   step's command, exit code, seconds and output tail, the export reports, each bench table; the
-   bench run folders and the tests' JUnit XML go beside it. The models and .onnx files (about
-   1.5 GB with BERT-base's) go to ``--work`` (default: a temporary folder removed at the end), so
-   ``<out>`` stays small enough to copy back from the GPU machine.
+5. rewrites the result JSON (``--out``) after every step (a killed run keeps what it finished):
+   every step's command, exit code, seconds and output tail, the export reports, each bench table;
+   the bench run folders, the tests' JUnit XML and nvidia-smi's answer go to ``--work``. The models
+   and .onnx files (about 1.5 GB with BERT-base's) go to ``--models-dir`` (default: a temporary
+   folder removed at the end), so ``--work`` stays small enough to copy back from the GPU machine.
 
 Steps run in order of what the GPU question needs most and stop when ``--budget-s`` is spent (the
 rest are recorded as not run). ``--tiny`` is the CPU rehearsal a test runs: one 2-layer hidden-32
 model, fp16 only, CPU runtimes (torch, torch-int8; torch-fp16 reported as skipped), batch 2 x 16,
 no tests step.
 
-    python benchmarks/gpu_check.py --out /tmp/gpu-check            # on a GPU machine
-    python benchmarks/gpu_check.py --out /tmp/gpu-check --tiny     # rehearsal anywhere
+    python -m benchmarks gpu-check --work /tmp/gpu-check --out /tmp/gpu-check/gpu_check.json   # on a GPU
+    python -m benchmarks gpu-check --tiny --work /tmp/gpu-check    # the CPU rehearsal (what a test runs)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,11 +53,27 @@ GPU_TESTS = ["tests/unit/test_export_half.py", "tests/unit/test_bench_peers.py",
              "tests/unit/test_export_parity.py"]
 
 
-class Check:
-    """The run's record: steps in order, written to ``gpu_check.json`` after each one."""
+COMMON = ("work", "python")
 
-    def __init__(self, out: Path, budget_s: float):
-        self.out = out
+
+def add_arguments(p) -> None:
+    p.add_argument("--tiny", action="store_true", help="CPU rehearsal: one tiny model, CPU runtimes")
+    p.add_argument("--budget-s", type=float, default=420.0, help="start no step after this many seconds")
+    p.add_argument("--models-dir", type=Path, help="folder for the models and .onnx files (kept); default: "
+                                                   "a temporary folder, removed at the end")
+
+
+def budget(args) -> str:
+    shapes = "one tiny 2-layer model" if args.tiny else "MiniLM and BERT-base shapes"
+    return f"{shapes}; steps started within {args.budget_s:g} s; bench rounds as GPU_BENCH / TINY_BENCH say"
+
+
+class Check:
+    """The run's record: steps in order, saved (``save``: the result file) after each one."""
+
+    def __init__(self, save, budget_s: float, python: str):
+        self._save = save
+        self.python = python
         self.start = time.monotonic()
         self.budget_s = budget_s
         self.record: dict = {"budget_s": budget_s, "environment": environment(), "steps": [],
@@ -71,9 +85,7 @@ class Check:
 
     def save(self) -> None:
         self.record["elapsed_s"] = round(time.monotonic() - self.start, 1)
-        tmp = self.out / ".gpu_check.json.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2, default=str) + "\n", encoding="utf-8")
-        tmp.replace(self.out / "gpu_check.json")
+        self._save(self.record)
 
     def run(self, name: str, cmd: list[str], min_s: float = 20.0) -> dict:
         """Run ``cmd`` (in the repository root) within what is left of the budget; record it."""
@@ -85,7 +97,8 @@ class Check:
             t0 = time.monotonic()
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left,
-                                      env={**os.environ, "HF_HUB_OFFLINE": "1", "COMPRESS_NO_PROGRESS": "1"})
+                                      env={**os.environ, "HF_HUB_OFFLINE": "1", "COMPRESS_NO_PROGRESS": "1",
+                                           "TOKENIZERS_PARALLELISM": "false"})
                 step.update(rc=proc.returncode, tail=(proc.stdout[-3000:] + proc.stderr[-3000:]))
             except subprocess.TimeoutExpired as exc:
                 said = exc.stdout or ""
@@ -168,29 +181,31 @@ TINY_SPARSE_BENCH = ["--batch-sizes", "2", "--seq-lens", "16", "--warmup", "1", 
                      "--runtimes", "torch,torch-sparse"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for gpu_check.json, models, exports, benches")
-    parser.add_argument("--tiny", action="store_true", help="CPU rehearsal: one tiny model, CPU runtimes")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps after this")
-    parser.add_argument("--work", help="folder for the models and .onnx files (kept); default: a "
-                                       "temporary folder, removed at the end")
-    args = parser.parse_args(argv)
-    out = Path(args.out).resolve()
+def run(args, ctx) -> dict | None:
+    if ctx.dry_run:
+        tiny = " (tiny)" if args.tiny else ""
+        print(f"# gpu check{tiny}: exports, benches and tests within {args.budget_s:g} s")
+        return None
+    out = Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    try:
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        smi = "nvidia-smi: not available"
+    (out / "nvidia-smi.txt").write_text(smi)
+    work = Path(args.models_dir).resolve() if args.models_dir else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        return run_check(args, out, work)
+        return run_check(args, ctx, out, work)
     finally:
-        if not args.work:
+        if not args.models_dir:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run_check(args: argparse.Namespace, out: Path, work: Path) -> int:
-    check = Check(out, args.budget_s)
+def run_check(args, ctx, out: Path, work: Path) -> dict:
+    check = Check(ctx.save, args.budget_s, args.python)
     check.record["mode"] = "tiny" if args.tiny else "gpu"
-    python = [sys.executable]
+    python = [args.python]
     cli = [*python, "-m", "compress"]
     shapes = TINY_SHAPES if args.tiny else GPU_SHAPES
     provider = "cpu" if args.tiny else "cuda"
@@ -287,9 +302,8 @@ def run_check(args: argparse.Namespace, out: Path, work: Path) -> int:
     check.record["not_run"] = [s["name"] for s in check.record["steps"] if "not_run" in s]
     check.save()
     print(f"gpu check: {len(check.record['steps'])} steps, failed: {failed or 'none'}, "
-          f"not run: {check.record['not_run'] or 'none'} -> {out / 'gpu_check.json'}")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+          f"not run: {check.record['not_run'] or 'none'}")
+    # the run's exit code: 1 when a step failed or timed out (steps not run for time are not failures)
+    ctx.steps.extend({k: s[k] for k in ("name", "rc", "seconds", "timed_out") if k in s}
+                     for s in check.record["steps"] if "not_run" not in s)
+    return check.record

@@ -5,8 +5,7 @@ architecture, then builds whole random-weight pruned classifiers of a few per-la
 dense one, every layer at half its heads and width, and random ones), times them end to end in
 the same runtime, in round-robin rounds, and writes predicted against measured milliseconds:
 
-    python benchmarks/latency_table.py --model minilm --runtime ort-int8 --rebuild \\
-        --out artifacts/benchmarks/latency_table.json
+    python -m benchmarks latency-table --model minilm --runtime ort-int8 --rebuild
 
 Writes one JSON object: the table (with its build seconds and phases), and per layout its
 per-layer heads and FFN widths, predicted and measured ms (median, p90), the error in percent and
@@ -16,13 +15,9 @@ before and after: on a shared machine the error includes the other tenants.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 
 def random_layouts(layers: int, heads: int, ffn: int, count: int, empty_blocks: bool, seed: int
@@ -54,8 +49,7 @@ def compare(table, measured: dict, layouts: dict) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--model", default="minilm", help="'minilm' or a model folder")
     p.add_argument("--runtime", default="ort-int8")
     p.add_argument("--batch", type=int, default=32)
@@ -67,8 +61,19 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--rebuild", action="store_true", help="measure the table even when cached")
-    p.add_argument("--out", required=True, help="JSON file to write, e.g. artifacts/benchmarks/x.json")
-    args = p.parse_args(argv)
+
+
+def budget(args) -> str:
+    return (f"one latency table ({args.repeats or 'default'} timed calls per block model), then "
+            f"{args.random_layouts + 2} layouts x {args.layout_repeats} timed calls at "
+            f"{args.batch} x {args.seq_len}")
+
+
+def run(args, ctx) -> dict | None:
+    if ctx.dry_run:
+        print(f"# builds the {args.runtime} latency table of {args.model} and times "
+              f"{args.random_layouts + 2} layouts")
+        return None
     import torch
 
     from compress.measure import latency_table as lt
@@ -94,15 +99,7 @@ def main(argv=None) -> int:
         print(f"{r['layout']:>8}: predicted {r['predicted_ms']:8.1f} ms, measured {r['measured_ms']:8.1f} ms "
               f"({r['error_pct']:+.1f}%), speedup predicted {r['predicted_speedup']:.2f}x "
               f"measured {r['measured_speedup']:.2f}x")
-    out = {"model": args.model, "runtime": args.runtime, "batch": args.batch, "seq_len": args.seq_len,
-           "threads": threads, "table_seconds": table_s, "build_seconds": table.build_seconds,
-           "layout_phases": phases, "load_average_1min": [load_before, os.getloadavg()[0]],
-           "layouts": rows, "table": table.to_dict()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"model": args.model, "runtime": args.runtime, "batch": args.batch, "seq_len": args.seq_len,
+            "threads": threads, "table_seconds": table_s, "build_seconds": table.build_seconds,
+            "layout_phases": phases, "load_average_1min": [load_before, os.getloadavg()[0]],
+            "layouts": rows, "table": table.to_dict()}

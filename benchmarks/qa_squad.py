@@ -1,32 +1,24 @@
 """SQuAD benchmark: fine-tune on the first TRAIN articles of the SQuAD v1.1 dev file, evaluate on the
-next EVAL articles (default 38/10), once per objective; writes one JSON to artifacts/benchmarks/.
+next EVAL articles (default 38/10), once per objective.
 
 The full setting (all ~8,000 training questions at --max-length 384, 2 epochs) is hours of CPU;
 the knobs make a small run possible:
 
-    python benchmarks/qa_squad.py --train-limit 300 --eval-limit 200 --max-length 256 --epochs 1
-    python benchmarks/qa_squad.py --objectives plain,pfa,hl-aacl            # the full comparison
-    python benchmarks/qa_squad.py --model artifacts/prune/<run>             # a pruned encoder
+    python -m benchmarks qa-squad --train-limit 300 --eval-limit 200 --max-length 256 --epochs 1
+    python -m benchmarks qa-squad --objectives plain,pfa,hl-aacl            # the full comparison
+    python -m benchmarks qa-squad --model artifacts/prune/<run>             # a pruned encoder
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from compress.core.runs import artifacts_root, environment  # noqa: E402
-from compress.recipes.finetune import FinetuneConfig, run_finetune  # noqa: E402
+COMMON = ("data_dir", "seeds")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+def add_arguments(p) -> None:
     p.add_argument("--model", default="minilm")
     p.add_argument("--split-by-article", default="38/10")
     p.add_argument("--objectives", default="plain", help="comma list of plain, pfa, hl-aacl")
@@ -39,38 +31,41 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=42)
-    args = p.parse_args(argv)
+
+
+def budget(args) -> str:
+    steps = f"{args.max_steps} steps" if args.max_steps else f"{args.epochs:g} epochs"
+    return (f"one fine-tune per objective ({args.objectives}) x seed: {steps} on {args.train_limit or 'all'} "
+            f"training questions at length {args.max_length}; {args.eval_limit or 'all'} eval questions")
+
+
+def run(args, ctx) -> dict | None:
+    if ctx.dry_run:
+        print(f"# fine-tune on SQuAD {args.split_by_article} once per objective {args.objectives}")
+        return None
+    from compress.recipes.finetune import FinetuneConfig, run_finetune
+
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
 
     results = []
-    for objective in [o for o in args.objectives.split(",") if o]:
+    for seed, objective in [(sd, o) for sd in args.seeds for o in args.objectives.split(",") if o]:
         cfg = FinetuneConfig(task="squad", model=args.model, data_dir=args.data_dir,
                              split_by_article=args.split_by_article, objective=objective,
                              pfa_alignment=args.pfa_alignment, max_length=args.max_length,
                              doc_stride=args.doc_stride, train_limit=args.train_limit,
                              eval_limit=args.eval_limit, epochs=args.epochs, max_steps=args.max_steps,
-                             lr=args.lr, batch_size=args.batch_size, seed=args.seed, eval_batch_size=64,
+                             lr=args.lr, batch_size=args.batch_size, seed=seed, eval_batch_size=64,
                              name=f"bench-squad-{objective}")
         t0 = time.time()
         run = run_finetune(cfg)
         summary = json.loads((run / "summary.json").read_text())
-        results.append({"objective": objective, "run": str(run), "seconds": round(time.time() - t0, 1),
+        results.append({"objective": objective, "seed": seed, "run": str(run),
+                        "seconds": round(time.time() - t0, 1),
                         "exact_match": summary["eval"]["exact_match"], "f1": summary["eval"]["f1"],
                         "train_questions": summary["train_questions"],
                         "train_windows": summary["train_windows"],
                         "eval_questions": summary["eval_questions"], "steps": summary["steps"]})
-    out_dir = artifacts_root() / "benchmarks"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"qa_squad-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"benchmark": "qa_squad", "args": vars(args), "results": results,
-                               "env": environment(args.seed)}, indent=2) + "\n")
     for r in results:
         print(f"{r['objective']:>8}: EM {r['exact_match']:.2f}  F1 {r['f1']:.2f}  "
               f"({r['train_questions']} train questions, {r['steps']} steps, {r['seconds']:.0f}s)")
-    print(f"-> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"results": results}

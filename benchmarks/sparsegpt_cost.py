@@ -2,36 +2,39 @@
 ``compress.pruning.calibration.prune_calibrated`` on a random-weight BERT classifier of a given
 shape, with random-token calibration batches (the cost depends on the shapes, not the values).
 
-    python benchmarks/sparsegpt_cost.py --shape bert-base --out artifacts/benchmarks/sparsegpt_cost.json
-    python benchmarks/sparsegpt_cost.py --shape minilm --samples 512 --seq-len 64 --out ...
+    python -m benchmarks sparsegpt-cost --shape bert-base
+    python -m benchmarks sparsegpt-cost --shape minilm --samples 512 --seq-len 64
 
-Writes (appends to) a JSON list: shape, samples, sequence length, threads, seconds, peak resident
-memory of the process (MB, ``ru_maxrss``), and the time of one dense forward pass over the
-calibration set for scale.
+Results: shape, samples, sequence length, threads, seconds, peak resident memory of the process
+(MB, ``ru_maxrss``), and the time of one dense forward pass over the calibration set for scale.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
-import sys
 import time
-from pathlib import Path
 
 SHAPES = {"minilm": (6, 384, 12, 1536), "bert-base": (12, 768, 12, 3072)}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--shape", choices=tuple(SHAPES), default="bert-base")
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--criterion", default="sparsegpt")
     p.add_argument("--sparsity", type=float, default=0.5)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+
+
+def budget(args) -> str:
+    return (f"one {args.criterion} prune of a random {args.shape}-shaped model at {args.sparsity:g} from "
+            f"{args.samples} random sequences of {args.seq_len} tokens")
+
+
+def run(args, ctx) -> dict | None:
+    if ctx.dry_run:
+        print(f"# {budget(args)}")
+        return None
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -62,14 +65,6 @@ def main(argv=None) -> int:
            "threads": torch.get_num_threads(), "seconds": round(time.time() - t0, 1),
            "dense_forward_s": round(forward_s, 1),
            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-           "calibration_tokens": report["calibration_tokens"], "date": time.strftime("%Y-%m-%d %H:%M")}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = json.loads(out.read_text()) if out.is_file() else []
-    out.write_text(json.dumps([*rows, row], indent=2) + "\n")
-    print(json.dumps(row))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+           "calibration_tokens": report["calibration_tokens"]}
+    print(row)
+    return row

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_check.sh, rehearsed on the CPU (--tiny): every step runs through the real CLI and
-gpu_check.json holds the exports, the bench table and the skips; a spent budget is recorded."""
+"""python -m benchmarks gpu-check, rehearsed on the CPU (--tiny): every step runs through the real CLI
+and the result file holds the exports, the bench table and the skips; a spent budget is recorded."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-def _run(*args: str, out, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ROOT / "benchmarks" / "gpu_check.sh"), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable,
-                                                      **(env or {})})
+def _run(*args: str, out) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks", "gpu-check", "--tiny", "--work", str(out),
+                           "--out", str(out / "gpu_check.json"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_tiny_rehearsal_writes_exports_bench_table_and_skips(tmp_path):
-    proc = _run("--tiny", out=tmp_path)
+    proc = _run(out=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["finished"] and result["budget"].startswith("one tiny")
+    record = result["results"]
     assert record["mode"] == "tiny" and record["failed_steps"] == [] and record["not_run"] == []
     assert [s["name"] for s in record["steps"]] == ["export tiny fp32", "export tiny fp16", "bench tiny",
                                                     "bench tiny-2of4"]
@@ -44,10 +46,8 @@ def test_tiny_rehearsal_writes_exports_bench_table_and_skips(tmp_path):
 
 
 def test_a_spent_budget_is_recorded_not_silent(tmp_path):
-    driver = ROOT / "benchmarks" / "gpu_check.py"
-    proc = subprocess.run([sys.executable, str(driver), "--out", str(tmp_path), "--tiny", "--budget-s", "0"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = _run("--budget-s", "0", out=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    record = json.loads((tmp_path / "gpu_check.json").read_text())["results"]
     assert record["not_run"] == ["export tiny fp32", "export tiny fp16", "bench tiny", "bench tiny-2of4"]
     assert all(s["not_run"].startswith("out of time") for s in record["steps"])

@@ -1,4 +1,4 @@
-"""benchmarks/squad_oneshot.sh, rehearsed on the CPU: a tiny BERT fine-tuned for two steps on a
+"""python -m benchmarks squad-oneshot, rehearsed on the CPU: a tiny BERT fine-tuned for two steps on a
 tiny SQuAD file, then pruned once by two criteria through the real CLI; each row of the JSON holds
 its run's EM/F1 and the sparsity it reached."""
 
@@ -20,16 +20,18 @@ def test_rehearsal_fine_tunes_then_prunes_once_per_criterion(tiny_bert, tmp_path
     data = tmp_path / "data"
     (data / "squad_v1.1").mkdir(parents=True)
     write_tiny_squad(data / "squad_v1.1", n_articles=3)
-    out = tmp_path / "out"
-    env = {**os.environ, "MODEL": str(tiny_bert), "DATA": str(data), "OUT": str(out),
-           "WORK": str(tmp_path / "w"), "PYTHON": sys.executable, "SPLIT": "2/1", "MAX_LENGTH": "48",
-           "FINETUNE_FLAGS": "--max-steps 2", "RUNS": "magnitude-50,sparsegpt-2of4"}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "squad_oneshot.sh")], capture_output=True,
-                          text=True, cwd=ROOT, timeout=600, env=env)
+    out = tmp_path / "oneshot_squad.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "squad-oneshot", "--finetune-from",
+                           str(tiny_bert), "--data-dir", str(data), "--work", str(tmp_path / "w"),
+                           "--out", str(out), "--split-by-article", "2/1", "--max-length", "48",
+                           "--finetune-flags", "--max-steps 2", "--only", "magnitude-50,sparsegpt-2of4"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    dense = json.loads((out / "dense_summary.json").read_text())
+    result = json.loads(out.read_text())["results"]
+    dense = result["dense_summary"]
     assert dense["task"] == "squad" and dense["eval"]["n"] == 2  # the one held-out article's two questions
-    rows = json.loads((out / "oneshot_squad.json").read_text())["rows"]
+    rows = result["rows"]
     assert [r["name"] for r in rows] == ["magnitude-50", "sparsegpt-2of4"]  # RUNS' order, not the grid's
     for r in rows:
         assert r["rc"] == 0 and r["recovery_steps"] == 0 and r["final"] == r["oneshot"]
@@ -37,4 +39,3 @@ def test_rehearsal_fine_tunes_then_prunes_once_per_criterion(tiny_bert, tmp_path
         assert r["sparsity"]["encoder"] == pytest.approx(0.5, abs=1e-3) and r["sparsity"]["embeddings"] == 0
         assert {"exact_match", "f1"} <= set(r["metrics"]["eval"])
         assert "--split-by-article 2/1" in r["cmd"] and "--exclude role:word_embeddings" in r["cmd"]
-    assert (out / "device.txt").is_file()
