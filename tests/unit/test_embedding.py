@@ -634,3 +634,33 @@ def test_save_embedding_model_checks_its_masks_before_writing_anything(tiny_bert
         with pytest.raises(error, match=words):
             compress.save_embedding_model(model, tok, tmp_path / "out", masks=masks)
         assert not (tmp_path / "out").exists()
+
+
+def test_embedding_api_refuses_wrong_objects_before_touching_the_model(tiny_bert, tmp_path):
+    import copy
+
+    from transformers import BertModel
+
+    import compress
+
+    model, tok = compress.load_embedding_model(str(tiny_bert))
+    other = copy.deepcopy(model)
+    other.dense = torch.nn.ModuleDict({"2_Dense": torch.nn.Linear(32, 16)})  # embeds in 16 dimensions
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for call, words in (
+            (lambda: compress.embed_texts(model, "tok", TEXTS), "tokenizer must be a Hugging Face tokenizer"),
+            (lambda: compress.embed_texts(model.encoder, tok, TEXTS), "model is a BertModel"),
+            (lambda: compress.prune_embedding_model(model, 42, TEXTS, sparsity=0.5),
+             "tokenizer must be a Hugging Face tokenizer, got 42"),
+            (lambda: compress.distil_embedding_model(model, model, tok, TEXTS, steps=1), "the same object"),
+            (lambda: compress.distil_embedding_model(model, other, tok, TEXTS, steps=1),
+             "embeds in 32 dimensions and the teacher in 16"),
+            (lambda: compress.distil_embedding_model(model, BertModel(model.config), tok, TEXTS, steps=1),
+             "teacher is a BertModel"),
+            (lambda: compress.save_embedding_model(model, None, tmp_path / "out"),
+             "tokenizer must be a Hugging Face tokenizer, got None")):
+        with pytest.raises(UsageError, match=words):
+            call()
+    assert all(p.requires_grad for p in model.parameters())  # nothing frozen by a refused call
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not (tmp_path / "out").exists()
