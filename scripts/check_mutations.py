@@ -15,7 +15,7 @@ mutation look caught). Writes ``artifacts/mutations.json`` and exits 1 when fewe
 (default 90%) of the mutations are caught (2 when the unmutated tests fail).
 
     python scripts/check_mutations.py                # every mutation
-    python scripts/check_mutations.py --only 9 --only stock   # names containing "9" or "stock"
+    python scripts/check_mutations.py --only 9 --only stock   # 9a-9d and the names holding "stock"
     python scripts/check_mutations.py --list
 """
 
@@ -212,8 +212,7 @@ def check(mutation: Mutation) -> dict:
     status = {0: "survived", 1: "caught", 2: "caught"}.get(code, "error")
     out = {"status": status, "pytest_exit_code": code, "seconds": round(seconds, 1),
            "failed": failed_tests(output)}
-    if status != "caught":
-        out["output_tail"] = output[-3000:]
+    out["output_tail"] = output[-(1500 if status == "caught" else 3000):]
     return out
 
 
@@ -226,6 +225,12 @@ def baseline(mutations: list[Mutation]) -> tuple[bool, str]:
     return code == 0, output
 
 
+def _selects(only: str, name: str) -> bool:
+    """``--only 9`` picks 9a-9d, ``--only 9a`` 9a alone; a longer text picks the names holding it."""
+    number = name.split()[0]
+    return only in (number, number.rstrip("abcdefgh")) or (len(only) > 3 and only in name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[],
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-caught", type=float, default=0.9, help="fraction that must be caught")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTATIONS if not args.only or any(o in m.name for o in args.only)]
+    chosen = [m for m in MUTATIONS if not args.only or any(_selects(o, m.name) for o in args.only)]
     if args.list:
         for m in chosen:
             print(f"{m.name}\n    {m.file}: {' '.join(m.tests)}")
