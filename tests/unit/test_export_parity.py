@@ -263,7 +263,8 @@ def test_the_int8_export_and_conversion_write_per_channel_scales_unless_per_tens
     # compress export --quantize int8, then with --per-tensor
     run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "e.onnx"), quantize="int8"))
     assert max(_weight_scale_sizes(tmp_path / "e.onnx")) == ffn
-    run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "t.onnx"), quantize="int8", per_tensor=True))
+    run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "t.onnx"), quantize="int8",
+                            per_tensor=True))
     assert set(_weight_scale_sizes(tmp_path / "t.onnx")) == {1}
 
 
