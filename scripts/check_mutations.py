@@ -47,16 +47,37 @@ class Mutation:
     tests: tuple[str, ...]  # pytest node ids, relative to the repository root
 
 
-EMPTY = "tests/unit/test_empty_blocks.py"
-STOCK = "tests/unit/test_stock_copy.py"
-EMB = "tests/unit/test_embedding.py"
-KD = "tests/unit/test_teacher_kd.py"
-EXPORT = "tests/unit/test_export_parity.py"
-FAMILY = "tests/unit/test_family_report.py"
-TABLE = "tests/unit/test_latency_table.py"
-SEARCH = "tests/unit/test_latency_search.py"
-OBS = "tests/unit/test_obs_structured.py"
-FISHER = "tests/unit/test_fisher_structured.py"
+EMPTY = "tests/unit/test_empty_blocks.py::test_removed_blocks_compute_the_zeroed_original"
+STOCK = "tests/unit/test_stock_copy.py::test_a_copy_whose_weights_land_in_the_wrong_places_is_refused"
+EMB = ("tests/unit/test_embedding.py::"
+       "test_recovery_loss_with_layers_equals_a_hand_computation_over_real_tokens_and_kept_layers")
+KD = ("tests/unit/test_teacher_kd.py::"
+      "test_layerwise_term_is_added_with_its_weight_over_the_kept_layers_and_real_tokens")
+PER_CHANNEL = "tests/unit/test_export_parity.py::test_int8_per_channel_scales"
+EXPORT_INT8 = ("tests/unit/test_export_parity.py::"
+               "test_the_int8_export_and_conversion_write_per_channel_scales_unless_per_tensor_is_asked")
+FASTEST = ("tests/unit/test_family_report.py::"
+           "test_the_fastest_within_the_budget_is_judged_on_the_shipped_score_in_points")
+FAMILY_REPORT = ("tests/unit/test_family_report.py::"
+                 "test_the_family_report_names_the_fastest_by_its_shipped_score_within_max_drop_points")
+FAMILY_BENCH = ("tests/unit/test_family_report.py::"
+                "test_the_family_benches_at_the_latency_tables_shape_not_max_length")
+KEY = "tests/unit/test_latency_table.py::test_the_cache_key_names_machine_runtime_shape_and_input_size"
+CACHED_APART = ("tests/unit/test_latency_table.py::"
+                "test_tables_of_another_length_or_thread_count_are_measured_and_cached_apart")
+PREDICT = "tests/unit/test_latency_table.py::test_predict_is_base_plus_the_sum_by_hand"
+RESIDUAL = ("tests/unit/test_latency_table.py::"
+            "test_a_built_table_charges_the_dense_time_its_blocks_do_not_explain")
+OPTION_LOSS = ("tests/unit/test_latency_search.py::"
+               "test_each_options_loss_is_the_loss_of_removing_exactly_the_units_it_does_not_keep")
+BRUTE = ("tests/unit/test_latency_search.py::"
+         "test_the_plan_is_the_least_loss_layout_within_the_target_by_brute_force")
+BOUND = "tests/unit/test_latency_search.py::test_the_speedup_path_holds_the_tuned_scales_within_the_bound"
+RECIPE_BOUND = ("tests/unit/test_latency_search.py::"
+                "test_the_prune_recipe_passes_its_scale_bound_on_the_speedup_path")
+OBS_BRUTE = "tests/unit/test_obs_structured.py::test_the_plan_meets_the_target_at_the_least_database_error"
+OBS_FIXED = ("tests/unit/test_obs_structured.py::"
+             "test_the_plan_is_the_least_error_layout_when_layers_have_a_fixed_cost")
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation("1 empty attention block drops its LayerNorm", "compress/models/modeling_pruned.py",
@@ -91,86 +112,95 @@ MUTATIONS: tuple[Mutation, ...] = (
              (KD,)),
     Mutation("5a quantize_int8 forces per-tensor scales", "compress/export/quantize.py",
              "per_channel=per_channel,", "per_channel=False,",
-             (EXPORT,)),
+             (PER_CHANNEL, EXPORT_INT8)),
     Mutation("5b int8 precision converts per tensor", "compress/export/precision.py",
              "quantize_int8(src, dst, per_channel=per_channel)", "quantize_int8(src, dst, per_channel=False)",
-             (EXPORT,)),
+             (EXPORT_INT8,)),
     Mutation("5c export recipe forces per-tensor int8", "compress/recipes/export.py",
              "per_channel=not cfg.per_tensor", "per_channel=False",
-             (EXPORT,)),
+             (EXPORT_INT8,)),
     Mutation("6a family judges its fastest model by the fp32 score", "compress/recipes/speed_family.py",
              '"macro_f1_int8" if by_macro else "score_int8")',
              '"macro_f1_int8" if by_macro else "score_fp32")',
-             (FAMILY,)),
+             (FAMILY_REPORT,)),
     Mutation("6b fastest_within reads the fp32 score by default", "compress/report/speed_family.py",
              'speed_key: str, score_key: str = "score_int8")',
              'speed_key: str, score_key: str = "score_fp32")',
-             (FAMILY,)),
+             (FASTEST, FAMILY_REPORT)),
     Mutation("6c --max-drop read as a fraction", "compress/report/speed_family.py",
              "and 100 * (dense_score - r[score_key]) <= max_drop + 1e-9]",
              "and (dense_score - r[score_key]) <= max_drop + 1e-9]",
-             (FAMILY,)),
+             (FASTEST, FAMILY_REPORT)),
     Mutation("6d family passes --max-drop as a fraction", "compress/recipes/speed_family.py",
              "best = fastest_within(rows, dense_judged, cfg.max_drop, speed_key,",
              "best = fastest_within(rows, dense_judged, cfg.max_drop / 100, speed_key,",
-             (FAMILY,)),
+             (FAMILY_REPORT,)),
     Mutation("7a threads left out of the latency cache key", "compress/measure/latency_table.py",
              '"seq_len": seq_len, "threads": threads, ', '"seq_len": seq_len, ',
-             (TABLE,)),
+             (KEY, CACHED_APART)),
     Mutation("7b sequence length left out of the latency cache key", "compress/measure/latency_table.py",
              '"seq_len": seq_len, "threads": threads, ', '"threads": threads, ',
-             (TABLE,)),
+             (KEY, CACHED_APART)),
+    Mutation("7c threads left out of the key latency_table looks up", "compress/measure/latency_table.py",
+             "key = cache_key(shape, rt, batch, seq_len, threads, heads,",
+             "key = cache_key(shape, rt, batch, seq_len, 0, heads,",
+             (KEY, CACHED_APART)),
+    Mutation("7d sequence length left out of the key latency_table looks up",
+             "compress/measure/latency_table.py",
+             "key = cache_key(shape, rt, batch, seq_len, threads, heads,",
+             "key = cache_key(shape, rt, batch, 0, threads, heads,",
+             (KEY, CACHED_APART)),
     Mutation("8a layer fixed cost charged twice in predict_ms", "compress/measure/latency_table.py",
              "total += self.layer_fixed_ms + self.attention_ms(h) + self.ffn_ms(w)",
              "total += 2 * self.layer_fixed_ms + self.attention_ms(h) + self.ffn_ms(w)",
-             (TABLE,)),
+             (PREDICT, RESIDUAL)),
     Mutation("8b layer fixed cost charged twice in the Fisher speedup budget",
              "compress/pruning/latency_structured.py",
              '+ n_layers * table.layer_fixed_ms', '+ 2 * n_layers * table.layer_fixed_ms',
-             (SEARCH,)),
+             (BRUTE,)),
     Mutation("8c layer fixed cost charged twice in the OBS speedup budget",
              "compress/pruning/obs_structured.py",
              '+ len(heads) * table.layer_fixed_ms', '+ 2 * len(heads) * table.layer_fixed_ms',
-             (OBS,)),
+             (OBS_FIXED,)),
     Mutation("9a option loss of k read at k+1 (Fisher)", "compress/pruning/latency_search.py",
              "tuple(float(losses[n - k]) for k in counts)",
              "tuple(float(losses[max(n - k - 1, 0)]) for k in counts)",
-             (SEARCH,)),
+             (OPTION_LOSS, BRUTE)),
     Mutation("9b option loss of k read at k-1 (Fisher)", "compress/pruning/latency_search.py",
              "tuple(float(losses[n - k]) for k in counts)",
              "tuple(float(losses[min(n - k + 1, n)]) for k in counts)",
-             (SEARCH,)),
+             (OPTION_LOSS, BRUTE)),
     Mutation("9c option loss of k read at k+1 (OBS)", "compress/pruning/obs_structured.py",
              "tuple(float(losses[n - k]) if n - k < len(losses)",
              "tuple(float(losses[max(n - k - 1, 0)]) if n - k < len(losses)",
-             (OBS,)),
+             (OBS_BRUTE, OBS_FIXED)),
     Mutation("9d option loss of k read at k-1 (OBS)", "compress/pruning/obs_structured.py",
              "tuple(float(losses[n - k]) if n - k < len(losses)",
              "tuple(float(losses[n - k + 1]) if n - k + 1 < len(losses)",
-             (OBS,)),
+             (OBS_BRUTE, OBS_FIXED)),
     Mutation("10a full head count never offered (Fisher)", "compress/pruning/latency_structured.py",
              "heads_full[layer] + 1)) if", "heads_full[layer])) if",
-             (SEARCH,)),
+             (BRUTE,)),
     Mutation("10b full head count never offered (OBS)", "compress/pruning/obs_structured.py",
              "min(1, nh), nh + 1))", "min(1, nh), nh))",
-             (OBS,)),
+             (OBS_FIXED,)),
     Mutation("11a scale bound dropped in prune_to_speedup", "compress/pruning/latency_structured.py",
              "rearrange, tune, max_swaps, scale_bound)", "rearrange, tune, max_swaps, None)",
-             (SEARCH,)),
+             (BOUND,)),
     Mutation("11b scale bound dropped on the --speedup path of the prune recipe", "compress/recipes/prune.py",
              "scale_bound=cfg.scale_bound or None, dense_sizes=dense_sizes)",
              "scale_bound=None, dense_sizes=dense_sizes)",
-             (SEARCH,)),
+             (RECIPE_BOUND,)),
     Mutation("12a family benches at --max-length", "compress/recipes/speed_family.py",
              "bench = _bench(cfg, run.path, dense, members, batch, tokens)",
              "bench = _bench(cfg, run.path, dense, members, batch, cfg.max_length)",
-             (FAMILY,)),
+             (FAMILY_BENCH,)),
     Mutation("12b family bench shapes use --max-length", "compress/recipes/speed_family.py",
              "seq_lens=tuple(sorted({tokens, 128}))", "seq_lens=tuple(sorted({cfg.max_length, 128}))",
-             (FAMILY,)),
+             (FAMILY_BENCH,)),
     Mutation("13 latency table stores a zero residual", "compress/measure/latency_table.py",
              "residual_ms=max(0.0, table.dense_ms - predicted)", "residual_ms=0.0",
-             (TABLE,)),
+             (RESIDUAL,)),
 )
 
 
