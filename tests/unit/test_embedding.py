@@ -664,3 +664,43 @@ def test_embedding_api_refuses_wrong_objects_before_touching_the_model(tiny_bert
     assert all(p.requires_grad for p in model.parameters())  # nothing frozen by a refused call
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not (tmp_path / "out").exists()
+
+
+def test_recovery_loss_with_layers_equals_a_hand_computation_over_real_tokens_and_kept_layers(tiny_bert):
+    """The pooled cosine term and the layer-wise term read only real tokens (the batch is padded),
+    and the layer-wise term matches only the layers the prune left something in (layer 0 is gone)."""
+    import copy
+    import dataclasses
+
+    from compress.embedding.losses import cosine_distillation_loss
+    from compress.embedding.model import tokens
+    from compress.pruning.structured import remove_structured
+
+    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
+    teacher.pooling = dataclasses.replace(teacher.pooling, mode="mean", normalize=False)
+    student = copy.deepcopy(teacher)
+    remove_structured(student.encoder, [[], [0, 2]], [[], list(range(0, 64, 2))])
+    batch = tokens(tok, TEXTS, 16)
+    mask = batch["attention_mask"]
+    assert not mask.all()  # padding present
+    value, extra = cosine_distillation_loss(teacher, 0.5)(student, batch)
+
+    with torch.no_grad():
+        t_hidden = teacher.encoder(**batch, output_hidden_states=True).hidden_states
+        s_out = []
+        hook = student.encoder.encoder.layer[1].register_forward_hook(
+            lambda m, a, o: s_out.append(o[0] if isinstance(o, tuple) else o))
+        try:
+            s_last = student.encoder(**batch).last_hidden_state
+        finally:
+            hook.remove()
+        m = mask[..., None].float()
+
+        def mean_pool(h):
+            return (h * m).sum(1) / m.sum(1)
+
+        cos = (1 - torch.nn.functional.cosine_similarity(mean_pool(s_last), mean_pool(t_hidden[-1]))).mean()
+        layers = ((s_out[0] - t_hidden[2]).pow(2) * m).sum() / (m.sum() * s_last.shape[-1])
+    assert extra["cosine"] == pytest.approx(float(cos), rel=1e-5)
+    assert extra["layers"] == pytest.approx(float(layers), rel=1e-5)
+    assert float(value) == pytest.approx(float(cos + 0.5 * layers), rel=1e-5)
