@@ -5,8 +5,8 @@ task, in one run.
 Entries: a PyTorch model (``minilm``, a sentence-transformers folder, a ``compress prune --task
 embedding`` run), an exported graph (``.onnx`` from ``compress export --task embedding``; its
 tokenizer is the exported model's, read from the export report) or a static student (a ``compress
-distill --task embedding`` run). The first entry is the baseline: every other gets its speed ratio
-and, at the same width, the cosine of its embeddings to the baseline's.
+distill --task embedding`` run, or any model2vec folder). The first entry is the baseline: every
+other gets its speed ratio and, at the same width, the cosine of its embeddings to the baseline's.
 
 The timed texts are the first ``--timed-texts`` held-out texts of the task (questions and candidate
 sentences, never calibrated or distilled on); each round times every entry in turn on all of them,
@@ -89,7 +89,7 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
     its teacher's."""
     from compress.embedding.model import load_sentence_encoder, read_model_config
     from compress.models.loading import load_tokenizer
-    from students.static_embedding import CONFIG_FILE, StaticEmbeddingStudent, encode_static
+    from students.static_embedding import StaticEncoder, find_static_folder, load_static
 
     p = Path(path)
     if path.endswith(".onnx"):
@@ -103,13 +103,9 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
         lower = read_pooling(source).lower_case
         return "onnx", onnx_scorer(p, load_tokenizer(spec), cfg.max_length, cfg.provider, cfg.batch_size,
                                    lower), Prompts.of(read_model_config(source))
-    folder = next((f for f in (p / "student", p) if (f / CONFIG_FILE).is_file()), None)
-    if folder is not None:
-        from transformers import AutoTokenizer
-
-        student = StaticEmbeddingStudent.load(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)  # the teacher's, saved beside the vectors
-        return ("static", lambda t: encode_static(student, tokenizer, t, cfg.max_length, cfg.batch_size),
+    folder = find_static_folder(p) if p.is_dir() else None
+    if folder is not None:  # a model2vec folder: its own tokens, its own truncation (no --max-length)
+        return ("static", StaticEncoder(load_static(folder), cfg.batch_size),
                 Prompts.of(read_model_config(str(folder))))
     model, tokenizer, _ = load_sentence_encoder(path)
     return "torch", encoder_scorer(model, tokenizer, cfg.batch_size, cfg.max_length), model.prompts

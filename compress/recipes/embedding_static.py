@@ -23,11 +23,11 @@ from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
 from compress.embedding.model import ST_MODEL_CONFIG, load_sentence_encoder
 from compress.embedding.scores import brief, embedding_scores
-from compress.embedding.static import DEFAULT_DIMS, SIF_COEFFICIENT, WEIGHTINGS, distil_static
+from compress.embedding.static import DEFAULT_DIMS, DTYPES, SIF_COEFFICIENT, WEIGHTINGS, distil_static
 from compress.recipes.embedding import encoder_scorer, load_eval_data, refuse_non_embedding_model
 from compress.tasks.base import DataOptions, data_dir_from_env
 from compress.tasks.embedding import EMBEDDING_TASK, unlabelled_text
-from students.static_embedding import encode_static
+from students.static_embedding import StaticEncoder, save_static
 
 STATIC_STUDENT = "static"
 
@@ -43,6 +43,9 @@ class StaticDistillConfig:
                             help="token weights a/(a+p): p from Zipf's law on the vocabulary order "
                                  "(zipf, Model2Vec's) or counted on unlabelled text (text)")
     sif_coefficient: float = option(SIF_COEFFICIENT, help="a of the weights a/(a+p)")
+    dtype: str = option("float32", choices=DTYPES,
+                        help="precision of the saved vectors: float32 (model2vec and sentence-transformers "
+                             "give equal embeddings) or float16 (half the file, embeddings rounded)")
     calibration_data: str | None = option(None, help="--weighting text: count on this text file or "
                                                      "folder (default: WikiText-2 under --data-dir)")
     no_peer: bool = option(False, help="do not run Model2Vec beside the student")
@@ -62,7 +65,7 @@ class StaticDistillConfig:
         if self.student != STATIC_STUDENT:
             raise UsageError(f"--task embedding has one student, '{STATIC_STUDENT}'; got '{self.student}'")
         check_range("dims", self.dims, 1)
-        check_range("sif_coefficient", self.sif_coefficient, 0, lo_open=True)
+        check_range("sif_coefficient", self.sif_coefficient, 0, 1, lo_open=True, hi_open=True)
         check_range("batch_size", self.batch_size, 1)
         if self.eval_limit is not None:
             check_range("eval_limit", self.eval_limit, 1)
@@ -94,8 +97,9 @@ def model2vec_peer(teacher_path: str, dims: int, data) -> dict:
     try:
         import model2vec
         from model2vec.distill import distill
-    except ImportError:
-        return {"skipped": "model2vec is not installed (pip install 'model2vec[distill]')"}
+    except ImportError as exc:
+        return {"skipped": f"model2vec's distill cannot be imported ({exc}); pip install model2vec "
+                           "skeletoken"}
     t0 = time.perf_counter()
     peer = distill(model_name=teacher_path, pca_dims=dims)
     seconds = time.perf_counter() - t0
@@ -118,14 +122,12 @@ def run_static_distill(cfg: StaticDistillConfig) -> Path:
         teacher_scores = timed_scores(encoder_scorer(teacher, tokenizer, cfg.batch_size, None), data)
         t0 = time.perf_counter()
         student, report = distil_static(teacher, tokenizer, cfg.dims, cfg.weighting, texts,
-                                        cfg.sif_coefficient, cfg.seed)
+                                        cfg.sif_coefficient, cfg.dtype)
         report["distill_seconds"] = round(time.perf_counter() - t0, 1)
-        length = teacher.pooling.max_length
-        student_scores = timed_scores(lambda t: encode_static(student, tokenizer, t, length, cfg.batch_size),
-                                      data)
+        student_scores = timed_scores(StaticEncoder(student, cfg.batch_size), data)
         peer = {"skipped": "--no-peer"} if cfg.no_peer else model2vec_peer(resolve_model(cfg.teacher),
                                                                               cfg.dims, data)
-        student.save(run.path / "student", tokenizer)
+        save_static(student, run.path / "student")
         if teacher.model_config:  # the teacher's prompts, which the student was scored with
             write_json(run.path / "student" / ST_MODEL_CONFIG, teacher.model_config)
         run.write_summary({"command": "distill", "task": EMBEDDING_TASK, "student": STATIC_STUDENT,
