@@ -17,9 +17,11 @@ rounds every embedding to float16), its unknown token's vector zero and no trunc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from compress.core.errors import UsageError
 from compress.embedding.model import SentenceEncoder
@@ -93,6 +95,70 @@ def distil_static(teacher: SentenceEncoder, tokenizer, dims: int = DEFAULT_DIMS,
               "weighting": weighting, "sif_coefficient": sif_coefficient, "dtype": dtype,
               **({"frequency_texts": len(texts)} if weighting == "text" else {})}
     return student, report
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    """Teacher-aligned tuning of the static table (this project's addition to Model2Vec's recipe):
+    over ``epochs`` passes of the unlabelled texts in batches of ``batch_size``, each row of the
+    student's in-batch cosine matrix is pulled, as a softmax at ``temperature``, towards the
+    teacher's row (KL divergence), Adam at ``lr``; every vector of a token the texts hold moves."""
+
+    epochs: int = 3
+    lr: float = 1e-3
+    batch_size: int = 256
+    temperature: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise UsageError(f"align {name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("lr", "temperature"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise UsageError(f"align {name} must be positive, got {getattr(self, name)!r}")
+
+
+def align_static(student, texts: Sequence[str], targets: torch.Tensor, cfg: AlignConfig = AlignConfig()
+                 ) -> dict:
+    """Tune ``student``'s table in place so its in-batch similarities follow the teacher's on
+    ``texts`` (``targets``: the teacher's (N, H) embeddings of them); returns the first and last
+    epoch's mean loss. Texts without a known token are left out."""
+    import torch.nn.functional as F
+
+    if len(texts) != len(targets):
+        raise UsageError(f"{len(texts)} texts but {len(targets)} teacher embeddings")
+    ids = student.tokenize(list(texts))
+    keep = [i for i, row in enumerate(ids) if row]
+    if len(keep) < 2:
+        raise UsageError("teacher alignment needs at least 2 unlabelled texts with known tokens")
+    ids = [ids[i] for i in keep]
+    y = F.normalize(torch.as_tensor(targets, dtype=torch.float32)[keep], dim=-1)
+    table = torch.nn.Parameter(torch.tensor(np.asarray(student.embedding, dtype=np.float32)))
+    opt = torch.optim.Adam([table], lr=cfg.lr)
+    g = torch.Generator().manual_seed(cfg.seed)
+    size = min(cfg.batch_size, len(ids))
+    losses = []
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(ids), generator=g).tolist()
+        total, steps = 0.0, 0
+        for b in range(0, len(order) - size + 1, size):
+            batch = order[b:b + size]
+            flat = torch.tensor([t for i in batch for t in ids[i]])
+            offsets = torch.tensor([0] + [len(ids[i]) for i in batch[:-1]]).cumsum(0)
+            s = F.normalize(F.embedding_bag(flat, table, offsets, mode="mean"), dim=-1)
+            t = y[batch]
+            loss = F.kl_div(F.log_softmax(s @ s.T / cfg.temperature, -1),
+                            F.log_softmax(t @ t.T / cfg.temperature, -1), log_target=True,
+                            reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total, steps = total + float(loss), steps + 1
+        losses.append(total / max(steps, 1))
+    student.embedding = table.detach().numpy().astype(student.embedding.dtype)
+    return {"texts": len(ids), "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": size,
+            "temperature": cfg.temperature, "loss_first_epoch": losses[0], "loss_last_epoch": losses[-1]}
 
 
 def _version() -> str:

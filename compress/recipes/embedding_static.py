@@ -21,9 +21,17 @@ import torch
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
-from compress.embedding.model import ST_MODEL_CONFIG, load_sentence_encoder
+from compress.embedding.model import ST_MODEL_CONFIG, embed, load_sentence_encoder
 from compress.embedding.scores import brief, embedding_scores
-from compress.embedding.static import DEFAULT_DIMS, DTYPES, SIF_COEFFICIENT, WEIGHTINGS, distil_static
+from compress.embedding.static import (
+    DEFAULT_DIMS,
+    DTYPES,
+    SIF_COEFFICIENT,
+    WEIGHTINGS,
+    AlignConfig,
+    align_static,
+    distil_static,
+)
 from compress.recipes.embedding import encoder_scorer, load_eval_data, refuse_non_embedding_model
 from compress.tasks.base import DataOptions, data_dir_from_env
 from compress.tasks.embedding import EMBEDDING_TASK, unlabelled_text
@@ -46,15 +54,19 @@ class StaticDistillConfig:
     dtype: str = option("float32", choices=DTYPES,
                         help="precision of the saved vectors: float32 (model2vec and sentence-transformers "
                              "give equal embeddings) or float16 (half the file, embeddings rounded)")
-    calibration_data: str | None = option(None, help="--weighting text: count on this text file or "
-                                                     "folder (default: WikiText-2 under --data-dir)")
+    align_epochs: int = option(3, help="passes of teacher-aligned tuning over the unlabelled text "
+                                       "(0: Model2Vec's vectors as they are)")
+    align_lr: float = option(1e-3, help="learning rate of the teacher-aligned tuning")
+    calibration_data: str | None = option(None, help="the unlabelled text of --align-epochs and "
+                                                     "--weighting text: a text file or folder (default: "
+                                                     "WikiText-2 under --data-dir)")
     no_peer: bool = option(False, help="do not run Model2Vec beside the student")
     data_dir: str | None = option(None, help="folder holding squad_v1.1, mrpc and wikitext2")
     split_by_article: str | None = option(None, help="TRAIN/EVAL article counts of the SQuAD file; "
                                                      "ReQA is scored on the EVAL articles (e.g. 38/10)")
     eval_limit: int | None = option(None, help="score only the first N ReQA questions")
     batch_size: int = option(128, help="sentences per batch when encoding")
-    seed: int = option(42, help="seed of the PCA")
+    seed: int = option(42, help="seed of the teacher-aligned tuning's batches")
     out: str | None = option(None, help="run folder to create")
     name: str | None = option(None, help="run name")
 
@@ -67,11 +79,13 @@ class StaticDistillConfig:
         check_range("dims", self.dims, 1)
         check_range("sif_coefficient", self.sif_coefficient, 0, 1, lo_open=True, hi_open=True)
         check_range("batch_size", self.batch_size, 1)
+        check_range("align_epochs", self.align_epochs, 0)
+        check_range("align_lr", self.align_lr, 0, lo_open=True)
         if self.eval_limit is not None:
             check_range("eval_limit", self.eval_limit, 1)
-        if self.calibration_data is not None and self.weighting != "text":
-            raise UsageError("--calibration-data is the text token frequencies are counted on: add "
-                             "--weighting text or drop it")
+        if self.calibration_data is not None and self.weighting != "text" and not self.align_epochs:
+            raise UsageError("--calibration-data is the text of the teacher-aligned tuning and of "
+                             "--weighting text: add --align-epochs N or --weighting text, or drop it")
         if self.split_by_article is not None:
             from compress.tasks.qa import parse_split_by_article
 
@@ -112,7 +126,8 @@ def run_static_distill(cfg: StaticDistillConfig) -> Path:
 
     opts = cfg.data_options()
     data = load_eval_data(cfg)
-    texts = unlabelled_text(opts, cfg.calibration_data) if cfg.weighting == "text" else []
+    needs_text = cfg.weighting == "text" or cfg.align_epochs > 0
+    texts = unlabelled_text(opts, cfg.calibration_data) if needs_text else []
     teacher, tokenizer, meta = load_sentence_encoder(cfg.teacher)
     refuse_non_embedding_model(meta, cfg.teacher)
     data = data.with_prompts(teacher.prompts)  # the student and the peer read the teacher's inputs
@@ -123,6 +138,10 @@ def run_static_distill(cfg: StaticDistillConfig) -> Path:
         t0 = time.perf_counter()
         student, report = distil_static(teacher, tokenizer, cfg.dims, cfg.weighting, texts,
                                         cfg.sif_coefficient, cfg.dtype)
+        if cfg.align_epochs:  # the teacher's embeddings of the unlabelled text, then the tuning
+            targets = embed(teacher, tokenizer, [teacher.prompts.other + t for t in texts], cfg.batch_size)
+            report["align"] = align_static(student, texts, targets,
+                                           AlignConfig(cfg.align_epochs, cfg.align_lr, seed=cfg.seed))
         report["distill_seconds"] = round(time.perf_counter() - t0, 1)
         student_scores = timed_scores(StaticEncoder(student, cfg.batch_size), data)
         peer = {"skipped": "--no-peer"} if cfg.no_peer else model2vec_peer(resolve_model(cfg.teacher),

@@ -412,6 +412,36 @@ def test_frequency_weights_follow_their_formula_on_the_students_tokens(tiny_word
     assert p[vocab["cat"]] == pytest.approx(3 / total) and p[vocab["dog"]] == pytest.approx(2 / total)
 
 
+def test_teacher_aligned_tuning_brings_the_students_similarities_towards_the_teachers(tiny_wordpiece,
+                                                                                     tmp_path):
+    from compress.embedding.static import AlignConfig, align_static
+    from students.static_embedding import encode_static
+
+    student, _, _ = _distilled(tiny_wordpiece, tmp_path)
+    teacher, tok, _ = load_sentence_encoder(str(tiny_wordpiece))
+    texts = TEXTS + ["What flows through Paris?", "the dogs ran", "a cat sat on the dog", "rain fell today"]
+    targets = embed(teacher, tok, texts)
+
+    def gap() -> float:
+        s = encode_static(student, texts)
+        t = torch.nn.functional.normalize(targets, dim=-1)
+        return float((s @ s.T - t @ t.T).abs().mean())
+
+    before, unk = gap(), student.tokenizer.get_vocab()["[UNK]"]
+    report = align_static(student, texts + ["zzz"], torch.cat([targets, targets[:1]]),
+                          AlignConfig(epochs=60, lr=0.05, batch_size=8))
+    assert report["texts"] == len(texts)  # the text of unknown pieces only is left out
+    assert report["loss_last_epoch"] < report["loss_first_epoch"] / 2
+    assert gap() < before / 2
+    assert student.embedding.dtype == np.float32 and not student.embedding[unk].any()
+    with pytest.raises(UsageError, match="2 texts but 1 teacher embeddings"):
+        align_static(student, texts[:2], targets[:1])
+    with pytest.raises(UsageError, match="align epochs must be a positive integer"):
+        AlignConfig(epochs=0)
+    with pytest.raises(UsageError, match="align lr must be positive"):
+        AlignConfig(lr=float("nan"))
+
+
 def test_static_distillation_refuses_bad_settings(tiny_wordpiece):
     from compress.embedding.static import distil_static
 
