@@ -1,12 +1,13 @@
 """``compress distill --task embedding --student static``: a sentence-embedding teacher distilled into
-static token vectors (``compress.embedding.static``), scored on the embedding task beside the
-teacher and, where the ``model2vec`` package is installed, beside Model2Vec's own distillation of
-the same teacher at the same width; each encodes the same held-out texts once more, timed, for its
-sentences per second on this machine.
+static token vectors by model2vec, then tuned towards the teacher's similarities on unlabelled text
+(``compress.embedding.static``), saved as a model2vec folder (``students.static_embedding``: model2vec
+and sentence-transformers open it), scored on the embedding task beside the teacher and Model2Vec's
+own distillation of the same teacher at the same width; each encodes the same held-out texts once
+more, timed, for its sentences per second on this machine.
 
-Reads top to bottom: check -> the scored sets (and the unlabelled text for ``--weighting text``) ->
-the teacher -> run folder -> teacher scores -> the student and its scores -> the peer -> save the
-student (``student/``) and the summary.
+Reads top to bottom: check -> the scored sets (and the unlabelled text of the tuning and of
+``--weighting text``) -> the teacher -> run folder -> teacher scores -> the student (distilled,
+tuned) and its scores -> the peer -> save the student (``student/``) and the summary.
 """
 
 from __future__ import annotations
