@@ -8,6 +8,9 @@ Dongen 2024) run by model2vec itself, then what this project adds.
    ``p`` from Zipf's law on the vocabulary order (``weighting="zipf"``).
 2. Or ``p`` counted on unlabelled text (``weighting="text"``, add-one smoothed) with the student's
    own tokenizer.
+3. **Teacher-aligned tuning** (``AlignConfig``, this project's addition): the teacher embeds the
+   unlabelled text once, and the table is tuned so that the student's in-batch similarities follow
+   the teacher's (``align_static``).
 
 The result is a ``model2vec.StaticModel`` kept in float32 (``dtype="float16"`` halves the file and
 rounds every embedding to float16), its unknown token's vector zero and no truncation of long texts
@@ -60,41 +63,6 @@ def check_static_settings(dims: int, hidden: int, weighting: str, texts: Sequenc
     if not 1 <= dims <= hidden:
         raise UsageError(f"--dims {dims}: the static vectors keep between 1 and the teacher's {hidden} "
                          "dimensions")
-
-
-def distil_static(teacher: SentenceEncoder, tokenizer, dims: int = DEFAULT_DIMS, weighting: str = "zipf",
-                  texts: Sequence[str] = (), sif_coefficient: float = SIF_COEFFICIENT,
-                  dtype: str = "float32") -> tuple[Any, dict]:
-    """(``model2vec.StaticModel``, report: the recipe, the vocabulary kept, the weighting)."""
-    from model2vec import StaticModel
-    from model2vec.distill import distill_from_model
-
-    check_static_settings(dims, teacher.config.hidden_size, weighting, texts, dtype)
-    if not 0 < sif_coefficient < 1:
-        raise UsageError(f"sif_coefficient {sif_coefficient}: a of the weights a/(a+p) lies in (0, 1)")
-    device = str(next(teacher.parameters()).device)
-    pooling = TOKEN_POOLING[teacher.pooling.mode]
-    model = distill_from_model(teacher.encoder, tokenizer, device=device, pca_dims=dims,
-                               sif_coefficient=sif_coefficient if weighting == "zipf" else None,
-                               quantize_to="float32", pooling=pooling)
-    vectors = np.asarray(model.embedding, dtype=np.float32)
-    if weighting == "text":
-        vectors = vectors * sif_weights(text_probabilities(model, texts), sif_coefficient)[:, None]
-    if model.unk_token_id is not None:
-        # model2vec leaves the unknown token out of a mean, sentence-transformers' StaticEmbedding
-        # averages its vector in: a zero vector only shortens that mean, the same after normalising
-        vectors[model.unk_token_id] = 0.0
-    config = {**model.config, "sif_coefficient": sif_coefficient, "weighting": weighting}
-    # no truncation: a static model has no positions, and model2vec cuts a long text's characters
-    # before its tokens where sentence-transformers cuts tokens only; untruncated, both read the same
-    student = StaticModel(vectors.astype(dtype), model.tokenizer, config=config, normalize=True,
-                          base_model_name=model.base_model_name, language=model.language, max_length=None)
-    report = {"recipe": "model2vec distill_from_model (token pass, PCA, SIF weights)",
-              "model2vec": _version(), "dims": dims, "vocab": len(student.tokens),
-              "teacher_vocab": int(teacher.config.vocab_size), "token_pooling": pooling,
-              "weighting": weighting, "sif_coefficient": sif_coefficient, "dtype": dtype,
-              **({"frequency_texts": len(texts)} if weighting == "text" else {})}
-    return student, report
 
 
 @dataclass(frozen=True)
@@ -159,6 +127,56 @@ def align_static(student, texts: Sequence[str], targets: torch.Tensor, cfg: Alig
     student.embedding = table.detach().numpy().astype(student.embedding.dtype)
     return {"texts": len(ids), "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": size,
             "temperature": cfg.temperature, "loss_first_epoch": losses[0], "loss_last_epoch": losses[-1]}
+
+
+def distil_static(teacher: SentenceEncoder, tokenizer, dims: int = DEFAULT_DIMS, weighting: str = "zipf",
+                  texts: Sequence[str] = (), sif_coefficient: float = SIF_COEFFICIENT,
+                  dtype: str = "float32", align: AlignConfig | None = None, batch_size: int = 128
+                  ) -> tuple[Any, dict]:
+    """(``model2vec.StaticModel``, report: the recipe, the vocabulary kept, the weighting, the
+    tuning). ``texts``: the unlabelled text of ``weighting="text"`` and of the teacher-aligned
+    tuning (``align``; None keeps Model2Vec's vectors), which the teacher embeds ``batch_size`` at
+    a time with its default prompt."""
+    from model2vec import StaticModel
+    from model2vec.distill import distill_from_model
+
+    check_static_settings(dims, teacher.config.hidden_size, weighting, texts, dtype)
+    if align is not None and not texts:
+        raise UsageError("teacher-aligned tuning needs unlabelled text, and none was given; pass text or "
+                         "no align config")
+    if not 0 < sif_coefficient < 1:
+        raise UsageError(f"sif_coefficient {sif_coefficient}: a of the weights a/(a+p) lies in (0, 1)")
+    device = str(next(teacher.parameters()).device)
+    pooling = TOKEN_POOLING[teacher.pooling.mode]
+    model = distill_from_model(teacher.encoder, tokenizer, device=device, pca_dims=dims,
+                               sif_coefficient=sif_coefficient if weighting == "zipf" else None,
+                               quantize_to="float32", pooling=pooling)
+    vectors = np.asarray(model.embedding, dtype=np.float32)
+    if weighting == "text":
+        vectors = vectors * sif_weights(text_probabilities(model, texts), sif_coefficient)[:, None]
+    if model.unk_token_id is not None:
+        # model2vec leaves the unknown token out of a mean, sentence-transformers' StaticEmbedding
+        # averages its vector in: a zero vector only shortens that mean, the same after normalising
+        vectors[model.unk_token_id] = 0.0
+    config = {**model.config, "sif_coefficient": sif_coefficient, "weighting": weighting}
+    # no truncation: a static model has no positions, and model2vec cuts a long text's characters
+    # before its tokens where sentence-transformers cuts tokens only; untruncated, both read the same
+    student = StaticModel(vectors, model.tokenizer, config=config, normalize=True,
+                          base_model_name=model.base_model_name, language=model.language, max_length=None)
+    tuned = None
+    if align is not None:
+        from compress.embedding.model import embed
+
+        targets = embed(teacher, tokenizer, [teacher.prompts.other + t for t in texts], batch_size)
+        tuned = align_static(student, texts, targets, align)
+    student.embedding = student.embedding.astype(dtype)
+    report = {"recipe": "model2vec distill_from_model (token pass, PCA, SIF weights)",
+              "model2vec": _version(), "dims": dims, "vocab": len(student.tokens),
+              "teacher_vocab": int(teacher.config.vocab_size), "token_pooling": pooling,
+              "weighting": weighting, "sif_coefficient": sif_coefficient, "dtype": dtype,
+              **({"frequency_texts": len(texts)} if weighting == "text" else {}),
+              **({"align": tuned} if tuned is not None else {})}
+    return student, report
 
 
 def _version() -> str:

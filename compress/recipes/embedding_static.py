@@ -22,7 +22,7 @@ import torch
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
-from compress.embedding.model import ST_MODEL_CONFIG, embed, load_sentence_encoder
+from compress.embedding.model import ST_MODEL_CONFIG, load_sentence_encoder
 from compress.embedding.scores import brief, embedding_scores
 from compress.embedding.static import (
     DEFAULT_DIMS,
@@ -30,7 +30,6 @@ from compress.embedding.static import (
     SIF_COEFFICIENT,
     WEIGHTINGS,
     AlignConfig,
-    align_static,
     distil_static,
 )
 from compress.recipes.embedding import encoder_scorer, load_eval_data, refuse_non_embedding_model
@@ -137,12 +136,9 @@ def run_static_distill(cfg: StaticDistillConfig) -> Path:
         run.write_env(cfg.seed)
         teacher_scores = timed_scores(encoder_scorer(teacher, tokenizer, cfg.batch_size, None), data)
         t0 = time.perf_counter()
+        align = AlignConfig(cfg.align_epochs, cfg.align_lr, seed=cfg.seed) if cfg.align_epochs else None
         student, report = distil_static(teacher, tokenizer, cfg.dims, cfg.weighting, texts,
-                                        cfg.sif_coefficient, cfg.dtype)
-        if cfg.align_epochs:  # the teacher's embeddings of the unlabelled text, then the tuning
-            targets = embed(teacher, tokenizer, [teacher.prompts.other + t for t in texts], cfg.batch_size)
-            report["align"] = align_static(student, texts, targets,
-                                           AlignConfig(cfg.align_epochs, cfg.align_lr, seed=cfg.seed))
+                                        cfg.sif_coefficient, cfg.dtype, align, cfg.batch_size)
         report["distill_seconds"] = round(time.perf_counter() - t0, 1)
         student_scores = timed_scores(StaticEncoder(student, cfg.batch_size), data)
         peer = {"skipped": "--no-peer"} if cfg.no_peer else model2vec_peer(resolve_model(cfg.teacher),

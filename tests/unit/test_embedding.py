@@ -372,11 +372,14 @@ def test_static_student_is_the_mean_of_its_token_vectors_without_special_or_unkn
     assert not encode_static(student, ["", "zzz"]).any()
 
 
-def test_static_student_keeps_float16_when_asked(tiny_wordpiece, tmp_path):
+def test_static_student_is_tuned_then_kept_in_float16_when_asked(tiny_wordpiece, tmp_path):
     from safetensors.numpy import load_file
 
-    student, saved, report = _distilled(tiny_wordpiece, tmp_path, dtype="float16")
-    assert report["dtype"] == "float16"
+    from compress.embedding.static import AlignConfig
+
+    student, saved, report = _distilled(tiny_wordpiece, tmp_path, dtype="float16", texts=TEXTS,
+                                        align=AlignConfig(epochs=2, batch_size=2))
+    assert report["dtype"] == "float16" and report["align"]["texts"] == len(TEXTS)
     assert {v.dtype for v in load_file(str(saved / "model.safetensors")).values()} == {np.dtype("float16")}
 
 
@@ -443,7 +446,7 @@ def test_teacher_aligned_tuning_brings_the_students_similarities_towards_the_tea
 
 
 def test_static_distillation_refuses_bad_settings(tiny_wordpiece):
-    from compress.embedding.static import distil_static
+    from compress.embedding.static import AlignConfig, distil_static
 
     teacher, tok, _ = load_sentence_encoder(str(tiny_wordpiece))
     with pytest.raises(UsageError, match="unknown weighting 'idf'"):
@@ -454,6 +457,8 @@ def test_static_distillation_refuses_bad_settings(tiny_wordpiece):
         distil_static(teacher, tok, 64, "zipf")
     with pytest.raises(UsageError, match="unknown dtype 'int4'"):
         distil_static(teacher, tok, 8, dtype="int4")
+    with pytest.raises(UsageError, match="teacher-aligned tuning needs unlabelled text"):
+        distil_static(teacher, tok, 8, align=AlignConfig())
     with pytest.raises(UsageError, match="sif_coefficient 2"):
         distil_static(teacher, tok, 8, sif_coefficient=2)
 
