@@ -72,8 +72,8 @@ class AlignConfig:
     student's in-batch cosine matrix is pulled, as a softmax at ``temperature``, towards the
     teacher's row (KL divergence), Adam at ``lr``; every vector of a token the texts hold moves."""
 
-    epochs: int = 3
-    lr: float = 1e-3
+    epochs: int = 8
+    lr: float = 5e-3
     batch_size: int = 256
     temperature: float = 0.05
     seed: int = 0

@@ -54,9 +54,9 @@ class StaticDistillConfig:
     dtype: str = option("float32", choices=DTYPES,
                         help="precision of the saved vectors: float32 (model2vec and sentence-transformers "
                              "give equal embeddings) or float16 (half the file, embeddings rounded)")
-    align_epochs: int = option(3, help="passes of teacher-aligned tuning over the unlabelled text "
+    align_epochs: int = option(8, help="passes of teacher-aligned tuning over the unlabelled text "
                                        "(0: Model2Vec's vectors as they are)")
-    align_lr: float = option(1e-3, help="learning rate of the teacher-aligned tuning")
+    align_lr: float = option(5e-3, help="learning rate of the teacher-aligned tuning")
     calibration_data: str | None = option(None, help="the unlabelled text of --align-epochs and "
                                                      "--weighting text: a text file or folder (default: "
                                                      "WikiText-2 under --data-dir)")
