@@ -122,7 +122,7 @@ def align_static(student, texts: Sequence[str], targets: torch.Tensor, cfg: Alig
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total, steps = total + float(loss), steps + 1
+            total, steps = total + loss.item(), steps + 1
         losses.append(total / max(steps, 1))
     student.embedding = table.detach().numpy().astype(student.embedding.dtype)
     return {"texts": len(ids), "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": size,
