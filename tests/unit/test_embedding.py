@@ -354,6 +354,19 @@ def test_static_student_folder_opens_in_model2vec_and_sentence_transformers(arch
     assert report["dims"] == 8 and report["vocab"] == len(student.tokens)
 
 
+def test_bench_times_a_static_folder_with_this_projects_encoder_or_model2vecs(tiny_wordpiece, tmp_path):
+    from compress.recipes.embedding_bench import EmbeddingBenchConfig, load_entry
+
+    _, saved, _ = _distilled(tiny_wordpiece, tmp_path)
+    cfg = EmbeddingBenchConfig(models=(str(saved),), batch_size=2)
+    ours, theirs = load_entry(str(tmp_path), cfg), load_entry(f"model2vec:{saved}", cfg)
+    assert (ours[0], theirs[0]) == ("static", "model2vec")
+    a, b = ours[1](STATIC_TEXTS), theirs[1](STATIC_TEXTS)
+    assert a.dtype == b.dtype == torch.float32 and (a - b).abs().max() < 1e-5
+    with pytest.raises(ModelError, match="no model2vec folder there"):
+        load_entry(f"model2vec:{tmp_path / 'nothing'}", cfg)
+
+
 def test_static_student_is_the_mean_of_its_token_vectors_without_special_or_unknown_tokens(
         tiny_wordpiece, tmp_path):
     student, _, report = _distilled(tiny_wordpiece, tmp_path)
