@@ -4,30 +4,35 @@ in one process on one machine: ReQA (38/10) and MRPC scores, sentences/s at batc
 of the per-round ratios, which the other jobs of a shared machine disturb less), the file sizes,
 and whether each folder opens in model2vec and sentence-transformers with equal embeddings.
 
-    python benchmarks/static_model2vec.py --data-dir ../shared/data [--out artifacts/static_model2vec]
+    python -m benchmarks static-model2vec [--work artifacts/static-model2vec] [--rounds 5]
 
-Writes OUT/static_model2vec.json; the student's run folder is OUT/static (``compress distill
---task embedding --student static --teacher minilm --split-by-article 38/10 --no-peer``) and the
-peer's folder OUT/model2vec-256 (``model2vec.distill.distill(model_name=<MiniLM folder>,
-pca_dims=256)``).
+The student's run folder is WORK/static (``compress distill --task embedding --student static
+--teacher minilm --split-by-article 38/10 --no-peer``) and the peer's folder WORK/model2vec-256
+(``model2vec.distill.distill(model_name=<MiniLM folder>, pca_dims=256)``); each is kept and reused
+by a later run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+COMMON = ("data_dir", "work", "python")
 
 
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+def add_arguments(p) -> None:
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds, each timing both encoders in turn")
+    p.add_argument("--timed-texts", type=int, default=2000, help="held-out texts each round encodes")
+    p.add_argument("--threads", type=int, default=2)
+
+
+def budget(args) -> str:
+    return (f"one static distillation (WikiText-2 transfer text, as compress distill's defaults) and one "
+            f"Model2Vec distillation at 256 dims; {args.rounds} rounds of {args.timed_texts} texts at "
+            f"batch 32 and 1,024, {args.threads} threads")
 
 
 def folder_bytes(folder: Path) -> int:
@@ -48,16 +53,15 @@ def opens_equal(folder: Path, encode, texts: list[str]) -> dict:
             "sentence_transformers_max_abs_diff": float(np.abs(st - ours).max()), "texts": len(texts)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--out", default=str(ROOT / "artifacts" / "static_model2vec"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--timed-texts", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+def run(args, ctx) -> dict | None:
+    run_dir, peer_dir = Path(args.work) / "static", Path(args.work) / "model2vec-256"
+    ctx.compress("static-student", ["distill", "--task", "embedding", "--student", "static", "--teacher",
+                                    "minilm", "--data-dir", args.data_dir, "--split-by-article", "38/10",
+                                    "--no-peer", "--out", run_dir], done=(run_dir / "summary.json",))
+    if ctx.dry_run:
+        print(f"# model2vec.distill.distill(model_name=<packaged MiniLM>, pca_dims=256) -> {peer_dir}")
+        return None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    sys.path.insert(0, str(ROOT))
     import numpy as np
     import torch
 
@@ -71,27 +75,13 @@ def main() -> None:
     from compress.tasks.embedding import load_embedding_eval
     from students.static_embedding import StaticEncoder, load_static
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"uptime_before": uptime(), "threads": args.threads, "cpus": os.cpu_count()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    result["commit"] = commit.stdout.strip()
-    run = out / "static"
-    cmd = [sys.executable, "-m", "compress", "distill", "--task", "embedding", "--student", "static",
-           "--teacher", "minilm", "--data-dir", args.data_dir, "--split-by-article", "38/10", "--no-peer",
-           "--out", str(run)]
-    if not (run / "summary.json").is_file():
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        result["compress_distill_wall_s"] = round(time.perf_counter() - t0, 1)
-    result["compress_command"] = " ".join(cmd[1:])
-    summary = json.loads((run / "summary.json").read_text())
-    peer_dir = out / "model2vec-256"
+    result: dict = {"threads": args.threads}
+    summary = json.loads((run_dir / "summary.json").read_text())
     if not (peer_dir / "model.safetensors").is_file():
         t0 = time.perf_counter()
         distill(model_name=str(packaged_model_path("minilm")), pca_dims=256).save_pretrained(peer_dir)
         result["model2vec_distill_wall_s"] = round(time.perf_counter() - t0, 1)
-
+    run = run_dir
     data = load_embedding_eval(DataOptions(Path(args.data_dir)), "38/10")
     texts = data.heldout_texts()[:args.timed_texts]
     student = load_static(run)
@@ -127,11 +117,4 @@ def main() -> None:
         "opens": opens_equal(run / "student", ours, texts[:500]),
         "static_report": summary["static"],
     })
-    result["uptime_after"] = uptime()
-    (out / "static_model2vec.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("scores", "sentences_per_second", "bytes", "opens",
-                                             "uptime_before", "uptime_after")}, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return result
