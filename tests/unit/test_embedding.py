@@ -831,3 +831,33 @@ def test_recovery_loss_with_layers_equals_a_hand_computation_over_real_tokens_an
     assert extra["cosine"] == pytest.approx(float(cos), rel=1e-5)
     assert extra["layers"] == pytest.approx(float(layers), rel=1e-5)
     assert float(value) == pytest.approx(float(cos + 0.5 * layers), rel=1e-5)
+
+
+def test_verify_checks_the_stock_copy_sentence_transformers_loads(tiny_bert, tmp_path):
+    """NaN, scaled or missing weights in 0_Transformer (what a bare SentenceTransformer reads) fail
+    verify, though the pruned weights beside it are intact."""
+    from safetensors.torch import load_file, save_file
+
+    from compress.core.errors import IntegrityError
+    from compress.pruning.integrity import verify_run
+    from compress.pruning.structured import layer_sizes, remove_structured
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    sizes = layer_sizes(model.encoder)
+    remove_structured(model.encoder, [[0] for _ in sizes["heads"]],
+                      [list(range(0, n, 2)) for n in sizes["ffn"]])
+    folder = tmp_path / "pruned"
+    save_sentence_transformer(model, tok, folder, {"task": "embedding"})
+    assert verify_run(folder)["stock_copy"] is True
+    weights = folder / "0_Transformer" / "model.safetensors"
+    intact = load_file(str(weights))
+    key = next(k for k in intact if k.endswith("layer.1.output.dense.weight"))
+    for edit, error, words in (
+            (lambda t: {**t, key: t[key].clone().fill_(float("nan"))}, IntegrityError, "not finite|NaN"),
+            (lambda t: {**t, key: t[key] * 3}, IntegrityError, "computes other outputs"),
+            (lambda t: {k: v for k, v in t.items() if k != key}, ModelError, "0_Transformer' lacks weights")):
+        save_file(edit(intact), str(weights))
+        with pytest.raises(error, match=words):
+            verify_run(folder)
+    save_file(intact, str(weights))
+    assert verify_run(folder)["stock_copy"] is True
