@@ -288,7 +288,30 @@ def load_sentence_encoder(spec: str, **kwargs):
     encoder = load_pretrained(AutoModel, spec, path, "an encoder", **kwargs)
     tokenizer = match_tokenizer_inputs(load_tokenizer(spec), encoder)
     model = SentenceEncoder(encoder, pooling, read_dense(path), read_model_config(path))
+    check_prompts_fit(model, tokenizer, path)
     return model, tokenizer, read_meta(path)
+
+
+def check_prompts_fit(model: SentenceEncoder, tokenizer, path: str) -> None:
+    """A prompt goes before every text it applies to, inside ``max_seq_length``: one whose tokens
+    fill the length leaves no room for any text (every text would embed as the prompt alone), so
+    it is refused in one line; one that takes more than half of it is warned about."""
+    limit = model.pooling.max_length
+    if not limit:
+        return
+    p = model.prompts
+    for role, prompt in (("query", p.query), ("document", p.document), ("default", p.other)):
+        if not prompt:
+            continue
+        n = len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if n >= limit:
+            raise ModelError(f"{path}: its {role} prompt is {n} tokens with the special ones, and "
+                             f"max_seq_length is {limit}: every text would be cut away behind it; shorten "
+                             "the prompt in config_sentence_transformers.json or raise max_seq_length in "
+                             "sentence_bert_config.json")
+        if n > limit / 2:
+            print(f"warning: {path}: its {role} prompt takes {n} of the {limit} tokens of max_seq_length; "
+                  f"each text keeps at most {limit - n}", file=sys.stderr)
 
 
 def read_dense(path: str) -> dict[str, nn.Module]:

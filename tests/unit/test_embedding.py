@@ -861,3 +861,19 @@ def test_verify_checks_the_stock_copy_sentence_transformers_loads(tiny_bert, tmp
             verify_run(folder)
     save_file(intact, str(weights))
     assert verify_run(folder)["stock_copy"] is True
+
+
+def test_a_prompt_that_fills_max_seq_length_is_refused_and_a_long_one_warned(st_folder, capsys):
+    (st_folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16}))
+    long_prompt = " ".join(["word"] * 14)  # 14 tokens + [CLS] + [SEP] = 16: no room for a text
+    config = st_folder / "config_sentence_transformers.json"
+    config.write_text(json.dumps({"prompts": {"query": long_prompt}}))
+    with pytest.raises(ModelError, match="query prompt is 16 tokens.*max_seq_length is 16"):
+        load_sentence_encoder(str(st_folder))
+    (st_folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": " ".join(["word"] * 7)}}))  # 9 of 16 tokens
+    load_sentence_encoder(str(st_folder))
+    assert "query prompt takes 9 of the 16 tokens" in capsys.readouterr().err
+    (st_folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "q: "}}))
+    load_sentence_encoder(str(st_folder))
+    assert "prompt takes" not in capsys.readouterr().err
