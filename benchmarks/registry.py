@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "int8 exports of a dense and pruned models with dev scores, benched against eager fp32"),
     Benchmark("structured-reconstruction", "structured_reconstruction",
               "speedup families: --criterion obs against fisher, one-shot and gradual, SST-2 and AG News"),
+    Benchmark("member-recovery", "member_recovery",
+              "a gradual family's member rebuilt from the one before, only its recovery changed, paired"),
     Benchmark("family-seeds", "family_seeds",
               "mean ± spread over seeds of finished speedup families (METHOD-sSEED/family.json)"),
     Benchmark("speed-family", "speed_family",
