@@ -71,7 +71,7 @@ def seed_cache(member_dir: Path, dense_model: str, cache: Path) -> Path:
     table = {**old, "key": key}
     if not lt.sane_table(lt.LatencyTable.from_dict(table), key):
         raise BenchmarkError(f"{member_dir}/latency_table.json fails today's sanity check")
-    path = lt.cache_file(cache, key)
+    path = lt.cache_file(cache / "latency", key)  # where latency_table() reads $COMPRESS_CACHE_DIR
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"key": key, "table": table}), encoding="utf-8")
     return path
