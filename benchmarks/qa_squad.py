@@ -43,7 +43,8 @@ def run(args, ctx) -> dict | None:
     if ctx.dry_run:
         print(f"# fine-tune on SQuAD {args.split_by_article} once per objective {args.objectives}")
         return None
-    from compress.recipes.finetune import FinetuneConfig, run_finetune
+    from compress.api.finetuning import FinetuneConfig
+    from compress.recipes.finetune import run_finetune
 
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
 
