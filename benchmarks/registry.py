@@ -58,4 +58,6 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "ReQA on held-out SQuAD articles: BM25, zero-shot, dual encoder, mined pairs"),
     Benchmark("embedding-minilm", "embedding_minilm",
               "all-MiniLM-L6-v2 as an embedder: one-shot, structured + recovery, int8, static student"),
+    Benchmark("static-model2vec", "static_model2vec",
+              "the static student beside Model2Vec's default at 256 dims: ReQA, MRPC, sentences/s, size"),
 )}

@@ -53,7 +53,7 @@ def run(args, ctx) -> dict | None:
         print(f"# ReQA {args.split_by_article}: {', '.join(systems)}")
         return None
     from compress.api.finetuning import FinetuneConfig
-    from compress.recipes.finetune import run_finetune
+    from compress.cli.finetune import finetune_task as run_finetune  # the recipe of the task's family
     from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill
     from compress.retrieval.dual_encoder import load_dual_encoder
     from compress.retrieval.finetuning import bm25_metrics, dual_encoder_metrics, load_reqa_data

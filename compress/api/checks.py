@@ -8,59 +8,21 @@ refused here, as is a bool where a number is meant (True == 1).
 
 from __future__ import annotations
 
-import math
 import numbers
-import os
 from collections.abc import Sequence
 from typing import Any
 
+from compress.core.arguments import (  # noqa: F401 (the API's checks, re-exported)
+    _got,
+    _numeric_text,
+    check_int,
+    check_labels,
+    check_module,
+    check_path,
+    check_real,
+    check_tokenizer,
+)
 from compress.core.errors import UsageError
-
-
-def _got(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def check_module(name: str, value: Any, paths_too: bool = False) -> None:
-    """A ``torch.nn.Module`` (or, with ``paths_too``, a str/PathLike naming a model)."""
-    import torch
-
-    if isinstance(value, torch.nn.Module) or (paths_too and isinstance(value, (str, os.PathLike))):
-        return
-    also = " or a model/run folder path" if paths_too else ""
-    raise UsageError(f"{name} must be a torch.nn.Module{also}, got {_got(value)[:120]}; pass the model "
-                     "itself (e.g. AutoModelForSequenceClassification.from_pretrained(...))")
-
-
-def check_real(name: str, value: Any, lo: float | None = None, hi: float | None = None,
-               lo_open: bool = False) -> None:
-    """A finite real number (not a bool, not a numeric string) in [lo, hi] ((lo, hi] with lo_open)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        hint = f"{name}={float(value)}" if _numeric_text(value) else f"{name}=<a number>"
-        raise UsageError(f"{name} must be a real number, got {_got(value)}; pass e.g. {hint}")
-    bad = (not math.isfinite(value) or (lo is not None and (value < lo or (lo_open and value == lo)))
-           or (hi is not None and value > hi))
-    if bad:
-        left, right = "(" if lo_open else "[", "]"
-        raise UsageError(f"{name} must be in {left}{'-inf' if lo is None else lo}, "
-                         f"{'inf' if hi is None else hi}{right}, got {value!r}")
-
-
-def check_int(name: str, value: Any, lo: int, optional: bool = False) -> None:
-    """An int (not a bool, not a float, not a numeric string) >= ``lo``; None too with ``optional``."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        hint = f"{name}={int(float(value))}" if _numeric_text(value) else f"{name}=<an integer>"
-        raise UsageError(f"{name} must be an int, got {_got(value)}; pass e.g. {hint}")
-    if value < lo:
-        raise UsageError(f"{name} must be an int >= {lo}, got {value}")
-
-
-def check_path(name: str, value: Any) -> None:
-    if not isinstance(value, (str, os.PathLike)):
-        raise UsageError(f"{name} must be a path (str or os.PathLike), got {_got(value)[:120]}; "
-                         f"pass e.g. {name}='out/model'")
 
 
 def check_patterns(name: str, value: Any) -> None:
@@ -90,20 +52,12 @@ def check_shapes(value: Any) -> None:
                              "e.g. shapes=[(1, 8), (2, 16)]")
 
 
-def _numeric_text(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
 def check_calibration(value: Any, model: Any) -> list[dict]:
     """``calibration``: a non-empty sequence of batches, each a dict of tensors with ``input_ids``
     (integer, ``[batch, length]``, ``length >= 1``, ids inside the model's vocabulary, ``length`` at
     most its position table) and optionally an ``attention_mask`` of the same shape with at least one
-    1 per row; returns the batches as plain dicts. Checked before the model is touched."""
+    1 per row, and optionally ``labels`` (class ids inside the model's head, one per row); returns
+    the batches as plain dicts. Checked before the model is touched."""
     import torch
 
     example = "e.g. [dict(tokenizer(texts, padding=True, return_tensors='pt'))]"
@@ -150,6 +104,8 @@ def check_calibration(value: Any, model: Any) -> list[dict]:
             if empty:
                 raise UsageError(f"{where}['attention_mask'] row {empty[0]} has no 1 (no token to "
                                  "calibrate on); drop the empty rows")
+        if "labels" in batch:
+            check_labels(f"{where}['labels']", batch["labels"], _num_labels(model), ids.shape[0])
         batches.append(batch)
     return batches
 
@@ -179,6 +135,13 @@ def check_initial_masks(value: Any, model: Any, what: str = "initial_masks") -> 
         if tuple(m.shape) != tuple(params[name].shape):
             raise UsageError(f"{what}['{name}'] has shape {list(m.shape)}, the parameter "
                              f"{list(params[name].shape)}")
+
+
+def _num_labels(model: Any) -> int | None:
+    """The label count of ``model``'s classification head, None when it has none."""
+    config = getattr(model, "config", None)
+    head = any(hasattr(model, n) for n in ("classifier", "score", "logits_proj"))
+    return getattr(config, "num_labels", None) if head else None
 
 
 def _vocab_size(model: Any) -> int | None:

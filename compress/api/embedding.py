@@ -43,7 +43,8 @@ def embed_texts(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_s
     and ``model.prompts.document`` are those of ``encode_query`` and ``encode_document``)."""
     from compress.embedding.model import embed
 
-    check.check_module("model", model)
+    _encoder("model", model)
+    check.check_tokenizer("tokenizer", tokenizer)
     check.check_int("batch_size", batch_size, 1)
     if prompt is not None and not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string or None, not {type(prompt).__name__}")
@@ -53,6 +54,14 @@ def embed_texts(model: SentenceEncoder, tokenizer, texts: Sequence[str], batch_s
         raise ModelError(f"{int((~torch.isfinite(out)).any(1).sum())} of {len(out)} embeddings hold NaN or "
                          "infinite values: the model's weights are not finite; load a finite model")
     return out
+
+
+def _encoder(name: str, value: Any) -> None:
+    """A ``SentenceEncoder`` (what ``load_embedding_model`` returns: the encoder with its pooling)."""
+    check.check_module(name, value)
+    if not isinstance(value, SentenceEncoder):
+        raise UsageError(f"{name} is a {type(value).__name__}; pass a sentence encoder from "
+                         "compress.load_embedding_model(spec) (it carries the pooling the embeddings use)")
 
 
 def _texts(texts: Iterable[str]) -> list[str]:
@@ -85,10 +94,8 @@ def prune_embedding_model(model: SentenceEncoder, tokenizer, texts: Sequence[str
     from compress.api.functions import prune_model
     from compress.embedding.losses import embedding_fisher, text_collate
 
-    check.check_module("model", model)
-    if not isinstance(model, SentenceEncoder):
-        raise UsageError(f"model is a {type(model).__name__}; pass a sentence encoder from "
-                         "compress.load_embedding_model(spec) (it carries the pooling the prune scores)")
+    _encoder("model", model)
+    check.check_tokenizer("tokenizer", tokenizer)
     if structured and criterion not in ("sparsegpt", "fisher", "obs"):
         raise UsageError(f"structured=True removes heads and FFN neurons with criterion 'fisher' (the "
                          f"default for it) or 'obs' (reconstruction); got '{criterion}'")
@@ -130,8 +137,15 @@ def distil_embedding_model(student: SentenceEncoder, teacher: SentenceEncoder, t
     from compress.pruning.pruner import KeepMasksHook
     from compress.training.loop import TrainConfig, train
 
-    check.check_module("student", student)
-    check.check_module("teacher", teacher)
+    _encoder("student", student)
+    _encoder("teacher", teacher)
+    check.check_tokenizer("tokenizer", tokenizer)
+    if student is teacher:
+        raise UsageError("student and teacher are the same object, so freezing the teacher would freeze "
+                         "the student; pass a copy as teacher (copy.deepcopy(model) before pruning)")
+    if student.dim != teacher.dim:
+        raise UsageError(f"the student embeds in {student.dim} dimensions and the teacher in {teacher.dim}; "
+                         "the cosine loss compares them one to one: distil from a teacher of the same width")
     texts = _texts(texts)
     check.check_int("steps", steps, 1)
     cfg = replace(TrainConfig(), max_steps=steps, lr=lr, batch_size=batch_size, max_length=max_length,
@@ -152,10 +166,8 @@ def save_embedding_model(model: SentenceEncoder, tokenizer, folder: str | os.Pat
     from compress.pruning.integrity import MASKS_FILE, check_masks, save_masks
     from compress.report.modelcard import write_model_card
 
-    check.check_module("model", model)
-    if not isinstance(model, SentenceEncoder):
-        raise UsageError(f"model is a {type(model).__name__}; pass a sentence encoder from "
-                         "compress.load_embedding_model(spec)")
+    _encoder("model", model)
+    check.check_tokenizer("tokenizer", tokenizer)
     check.check_path("folder", folder)
     check.check_initial_masks(masks, model.encoder, "masks")  # before anything is written
     if masks:

@@ -210,6 +210,7 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike
 
     check.check_module("model", model)
     check.check_path("folder", folder)
+    check.check_tokenizer("tokenizer", tokenizer)
     if masks is not None and not isinstance(masks, dict):
         from compress.core.errors import UsageError
 
@@ -302,6 +303,8 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
         from compress.distill.losses import default_kd_lambda
 
         kd_lambda = default_kd_lambda(multilabel)
+    if labels is not None:
+        check.check_labels("labels", labels, ns, bs)
     if labels is None:
         labels = torch.zeros(bs, dtype=torch.long, device=student_logits.device)
         label_mask = torch.zeros(bs, dtype=torch.bool, device=student_logits.device)

@@ -56,6 +56,11 @@ def prune_structured_model(model: torch.nn.Module, calibration: Sequence[dict[st
     if speedup is not None:
         check.check_real("speedup", speedup, 1, None, lo_open=True)
     check.check_int("seq_len", seq_len, 1)
+    check.check_int("latency_batch", latency_batch, 1)
+    if speedup is not None:
+        from compress.measure.latency_table import check_runtime
+
+        check_runtime(latency_runtime)
     from compress.pruning.fisher_structured import check_targets
 
     targets = check_targets(tuple(targets))

@@ -29,6 +29,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
+RESUMABLE: dict[str, bool] = {}  # command -> whether it has a --resume flag (filled by build_parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="compress", description="Prune, distil, measure and export BERT models.")
     parser.add_argument("--version", action="version", version=f"compress {__version__}")
@@ -42,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show the Hugging Face load reports, warnings and progress bars that are "
                             "hidden by default")
         p.set_defaults(func=mod.run)
+        RESUMABLE[name] = any("--resume" in a.option_strings for a in p._actions)
     return parser
 
 
@@ -76,11 +80,21 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-def _stopped(command: str, exc: KeyboardInterrupt) -> int:
-    """One line for an interrupted run; 143 for SIGTERM, 130 for Ctrl-C."""
+def resumable(args: argparse.Namespace) -> bool:
+    """Whether the parsed command continues an interrupted run with ``--resume``: it has the flag,
+    and it is not one of the runs that refuse it (a post-training prune, ReQA training). Flags
+    reach ``args`` only when typed, so an absent ``stage`` is the default one."""
+    return (RESUMABLE.get(args.command, False) and getattr(args, "stage", None) != "post-training"
+            and getattr(args, "task", None) != "reqa")
+
+
+def _stopped(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
+    """One line for an interrupted run; 143 for SIGTERM, 130 for Ctrl-C. ``--resume`` is suggested
+    only where the command accepts it."""
     what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-    print(f"compress {command}: {what} (a run that saved a checkpoint is kept; "
-          "continue it with the same command plus --resume)", file=sys.stderr)
+    then = ("a run that saved a checkpoint is kept; continue it with the same command plus --resume"
+            if resumable(args) else "this run does not resume and keeps no folder; run the command again")
+    print(f"compress {args.command}: {what} ({then})", file=sys.stderr)
     return 143 if isinstance(exc, Terminated) else 130
 
 
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        return _stopped(args.command, exc)
+        return _stopped(args, exc)
     except Exception as exc:  # a signal inside a library call (torch.save) that re-raised it as another error
         stop = interrupt_behind(exc)
         if stop is None:
@@ -194,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"compress {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
                 return 1
             raise
-        return _stopped(args.command, stop)
+        return _stopped(args, stop)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -29,6 +29,9 @@ def result_line(r: dict) -> str:
     shapes = (f"; the weights have the sizes of its config (heads per layer "
               f"{'all kept' if heads is None else heads}, "
               f"FFN width per layer {structure['layer_intermediate']})" if structure else "")
+    if r.get("stock_copy"):
+        shapes += ("; its stock copy for sentence-transformers (0_Transformer) is complete and computes "
+                   "the same")
     if r["kind"] == "dense":
         what = "structured-pruned model" if structure else "dense model"
         return f"ok: every weight finite, no masks ({what}){shapes} in {r['model_dir']}"

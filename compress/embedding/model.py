@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.core.errors import ModelError, first_line
+from compress.pruning.stock_copy import STOCK_DIR
 
 POOLING_MODES = ("mean", "cls", "max")
 MODULES_FILE = "modules.json"
@@ -43,7 +44,6 @@ ST_CONFIG = "sentence_bert_config.json"
 ST_MODEL_CONFIG = "config_sentence_transformers.json"
 KEPT_MODEL_CONFIG = ("prompts", "default_prompt_name", "similarity_fn_name")  # written back on save
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
-STOCK_DIR = "0_Transformer"  # a structured model's stock copy: the Transformer sentence-transformers loads
 ST_MODULE = "sentence_transformers.models."
 DEFAULT_MAX_LENGTH = 256
 

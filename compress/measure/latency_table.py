@@ -116,8 +116,8 @@ RUNTIMES: dict[str, Runtime] = {
 
 def check_runtime(name: str) -> Runtime:
     """The ``RUNTIMES`` entry ``name``; UsageError naming the valid ones, or why it cannot run here."""
-    if name not in RUNTIMES:
-        raise UsageError(f"unknown runtime '{name}'; choose from: {', '.join(RUNTIMES)}")
+    if not isinstance(name, str) or name not in RUNTIMES:
+        raise UsageError(f"unknown runtime {name!r}; choose from: {', '.join(RUNTIMES)}")
     rt = RUNTIMES[name]
     if rt.provider != "CPUExecutionProvider":
         from compress.export.ort import available_providers, unusable_providers
@@ -713,14 +713,14 @@ def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, s
     ``compress bench``); ``head_points`` / ``width_points``: the grids (unset: ``head_grid``,
     ``width_grid``; 1 and the full size are always added). ``rebuild`` measures even when cached.
     """
-    from compress.core.config import check_range
+    from compress.core.arguments import check_int
     from compress.core.runs import write_json
     from compress.models.modeling_pruned import can_empty_blocks
 
     rt = check_runtime(runtime)
-    check_range("batch", batch, 1)
-    check_range("seq_len", seq_len, 1)
-    check_range("repeats", repeats, 1)
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
+        check_int(name, value, 1)
+    check_int("threads", threads, 1, optional=True)
     config = encoder_config(model_or_config)
     shape = arch_shape(config)
     threads = threads or torch.get_num_threads()

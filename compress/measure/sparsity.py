@@ -77,6 +77,12 @@ def sparsity_report(model: torch.nn.Module, masks: dict[str, torch.Tensor] | Non
 
     ``pattern`` (an N:M the model was pruned with) is looked for in the weights before 2:4; the
     report's ``pattern`` is ``nm_pattern_report``'s answer."""
+    from compress.core.arguments import check_module
+    from compress.core.errors import UsageError
+
+    check_module("model", model)
+    if masks is not None and not isinstance(masks, dict):
+        raise UsageError(f"masks must be a dict of name -> bool tensor or None, got {type(masks).__name__}")
     params = named_weights(model)
     layout = find_layout(model)
     roles = weight_roles(model, layout) if layout is not None else {}

@@ -205,11 +205,38 @@ def verify_run(run: str | Path) -> dict:
     if pattern:  # first: a weight regrown in a group names the group, not only the tensor
         check_pattern(model, list(masks), pattern)
     check_masks(model, masks)
+    stock = check_stock_folder(model_dir, model)
     pruned = sum(m.numel() - int(torch.count_nonzero(m)) for m in masks.values())
     total = sum(m.numel() for m in masks.values())
     return {"kind": "masked" if masks else "dense", "tensors": len(masks), "pruned": pruned,
             "total": total, "sparsity": pruned / total if total else 0.0, "model_dir": str(model_dir),
-            "pattern": pattern, "structure": structure}
+            "pattern": pattern, "structure": structure, "stock_copy": stock}
+
+
+def check_stock_folder(model_dir: Path, model) -> bool:
+    """The stock copy a saved embedding folder keeps for sentence-transformers (``0_Transformer``,
+    ``compress.pruning.stock_copy``) beside a structured-pruned ``model``: complete, finite, and
+    computing what the pruned weights compute (IntegrityError naming the folder otherwise), since
+    ``SentenceTransformer(folder)`` reads it and not them. False when there is none."""
+    from transformers import AutoModel
+
+    from compress.models.loading import check_loaded_weights, check_safetensors_folder
+    from compress.pruning.stock_copy import STOCK_DIR, output_gap, same_outputs
+
+    stock_dir = Path(model_dir) / STOCK_DIR
+    if not (stock_dir / "config.json").is_file():
+        return False
+    check_safetensors_folder(stock_dir, REDO)
+    check_finite_weights(stock_dir)
+    stock, info = AutoModel.from_pretrained(stock_dir, use_safetensors=True, trust_remote_code=False,
+                                            output_loading_info=True)
+    check_loaded_weights(str(stock_dir), stock, info)
+    encoder = getattr(model, model.base_model_prefix, model)
+    gap = output_gap(encoder, stock)
+    if not same_outputs(gap):
+        raise IntegrityError(f"{stock_dir}, the copy sentence-transformers loads, computes other outputs "
+                             f"than the pruned weights beside it (relative gap {gap:.1e}); {REDO}")
+    return True
 
 
 def _read_meta(model_dir: Path) -> dict:

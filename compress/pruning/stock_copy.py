@@ -46,6 +46,9 @@ from compress.pruning.structured import (
 _PRUNED_KEYS = ("model_type", "auto_map", "architectures", "layer_heads", "layer_intermediate",
                 "layer_kept_heads", "pruned_layout", "transformers_version", "_name_or_path")
 
+STOCK_DIR = "0_Transformer"  # where a saved embedding folder keeps the stock copy sentence-transformers loads
+STOCK_TOLERANCE = PROBE_TOLERANCE * 10  # relative output gap a stock copy may have
+
 
 def _stock_class(model: nn.Module) -> type:
     stock = {pruned: base for base, pruned in PRUNED_CLASS_OF.items()}.get(type(model))
@@ -112,7 +115,9 @@ def stock_copy(model: nn.Module) -> nn.Module:
     return stock
 
 
-def _check_same_outputs(model: nn.Module, stock: nn.Module) -> None:
+def output_gap(model: nn.Module, stock: nn.Module) -> float:
+    """The largest difference of ``stock``'s first output from ``model``'s on a probe batch (with
+    padding), relative to the largest output; NaN when either holds NaN."""
     from compress.models.discovery import dummy_inputs, left_as_is
 
     stock.eval()
@@ -123,7 +128,15 @@ def _check_same_outputs(model: nn.Module, stock: nn.Module) -> None:
         want = _first_output(model, inputs).float()
     with left_as_is(stock):  # BigBird's copy keeps its sparse attention after this short probe
         got = _first_output(stock, inputs).float()
-    diff = float((want - got).abs().max()) / max(float(want.abs().max()), 1e-12)
-    if not diff <= PROBE_TOLERANCE * 10:
+    return float((want - got).abs().max()) / max(float(want.abs().max()), 1e-12)
+
+
+def same_outputs(diff: float) -> bool:
+    return diff <= STOCK_TOLERANCE  # False for NaN
+
+
+def _check_same_outputs(model: nn.Module, stock: nn.Module) -> None:
+    diff = output_gap(model, stock)
+    if not same_outputs(diff):
         raise ModelError(f"the stock copy of {type(model).__name__} differs from it by {diff:.1e} of its "
                          "output; save the structured model alone (it loads with trust_remote_code=True)")

@@ -5,8 +5,10 @@ task, in one run.
 Entries: a PyTorch model (``minilm``, a sentence-transformers folder, a ``compress prune --task
 embedding`` run), an exported graph (``.onnx`` from ``compress export --task embedding``; its
 tokenizer is the exported model's, read from the export report) or a static student (a ``compress
-distill --task embedding`` run). The first entry is the baseline: every other gets its speed ratio
-and, at the same width, the cosine of its embeddings to the baseline's.
+distill --task embedding`` run, or any model2vec folder; ``model2vec:FOLDER`` times such a folder
+with model2vec's own ``encode`` instead of this project's encoder). The first entry is the baseline:
+every other gets its speed ratio and, at the same width, the cosine of its embeddings to the
+baseline's.
 
 The timed texts are the first ``--timed-texts`` held-out texts of the task (questions and candidate
 sentences, never calibrated or distilled on); each round times every entry in turn on all of them,
@@ -36,6 +38,8 @@ from compress.export.embedding import onnx_scorer
 from compress.measure.bench import parse_entry
 from compress.tasks.base import DataOptions, data_dir_from_env
 from compress.tasks.embedding import EMBEDDING_TASK
+
+MODEL2VEC_PREFIX = "model2vec:"
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,18 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
     its teacher's."""
     from compress.embedding.model import load_sentence_encoder, read_model_config
     from compress.models.loading import load_tokenizer
-    from students.static_embedding import CONFIG_FILE, StaticEmbeddingStudent, encode_static
+    from students.static_embedding import StaticEncoder, find_static_folder, load_static
 
+    if path.startswith(MODEL2VEC_PREFIX):  # the same kind of folder, encoded by model2vec's own encode
+        folder = find_static_folder(Path(path[len(MODEL2VEC_PREFIX):]))
+        if folder is None:
+            raise ModelError(f"{path}: no model2vec folder there (config.json with model_type 'model2vec')")
+        peer = load_static(folder)
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return torch.as_tensor(peer.encode(list(texts), batch_size=cfg.batch_size)).float()
+
+        return "model2vec", encode, Prompts.of(read_model_config(str(folder)))
     p = Path(path)
     if path.endswith(".onnx"):
         if not p.is_file():
@@ -104,13 +118,9 @@ def load_entry(path: str, cfg: EmbeddingBenchConfig
         lower = read_pooling(source).lower_case
         return "onnx", onnx_scorer(p, load_tokenizer(spec), cfg.max_length, cfg.provider, cfg.batch_size,
                                    lower), Prompts.of(read_model_config(source))
-    folder = next((f for f in (p / "student", p) if (f / CONFIG_FILE).is_file()), None)
-    if folder is not None:
-        from transformers import AutoTokenizer
-
-        student = StaticEmbeddingStudent.load(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)  # the teacher's, saved beside the vectors
-        return ("static", lambda t: encode_static(student, tokenizer, t, cfg.max_length, cfg.batch_size),
+    folder = find_static_folder(p) if p.is_dir() else None
+    if folder is not None:  # a model2vec folder: its own tokens, its own truncation (no --max-length)
+        return ("static", StaticEncoder(load_static(folder), cfg.batch_size),
                 Prompts.of(read_model_config(str(folder))))
     model, tokenizer, _ = load_sentence_encoder(path)
     return "torch", encoder_scorer(model, tokenizer, cfg.batch_size, cfg.max_length), model.prompts
@@ -161,13 +171,13 @@ def format_embedding_bench(result: dict[str, Any]) -> str:
     lines = [f"{result['timed_texts']} held-out texts, batch {result['batch_size']}, at most "
              f"{result['max_length']} tokens, {result['threads']} threads, median of {result['rounds']} "
              f"rounds; baseline = {result['baseline']}",
-             f"{'model':<24} {'kind':<7} {'sent/s':>9} {'x base':>7} {'P@1':>7} {'MRR':>7} {'pair AUC':>9} "
+             f"{'model':<24} {'kind':<9} {'sent/s':>9} {'x base':>7} {'P@1':>7} {'MRR':>7} {'pair AUC':>9} "
              f"{'cos base':>9}"]
     for r in result["rows"]:
         s = r["scores"]
         auc = f"{s['pairs']['roc_auc']:.4f}" if "pairs" in s else "-"
         cos = f"{s['cosine_to_reference']['mean']:.4f}" if "cosine_to_reference" in s else "-"
-        lines.append(f"{r['label'][:24]:<24} {r['kind']:<7} {r['sentences_per_second']:>9.1f} "
+        lines.append(f"{r['label'][:24]:<24} {r['kind']:<9} {r['sentences_per_second']:>9.1f} "
                      f"{r['speedup']:>7.2f} {s['reqa']['p@1']:>7.4f} {s['reqa']['mrr']:>7.4f} {auc:>9} "
                      f"{cos:>9}")
     return "\n".join(lines)

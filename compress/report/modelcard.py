@@ -361,6 +361,11 @@ def write_model_card(folder: str | Path, model=None, *, meta: dict[str, Any] | N
     line; ``config`` to the run's ``config.yaml``; ``seq_len`` (FLOPs) to the model's
     ``max_length``, else 128. ``eval_``-prefixed metric names (``Trainer.evaluate``) are accepted.
     """
+    from compress.core.arguments import check_module, check_path
+
+    check_path("folder", folder)
+    if model is not None:
+        check_module("model", model)
     folder = Path(folder)
     if meta is None:
         meta_file = folder / "compress.json"

@@ -211,6 +211,9 @@ def test_structured_fisher_removes_units_and_exports_with_embedding_parity(tiny_
       "--recovery-steps", "2"), "has no logits"),
     (("distill", "--task", "embedding", "--student", "bilstm"), "one student, 'static'"),
     (("distill", "--task", "sst2", "--student", "static"), "add --task embedding"),
+    (("distill", "--task", "embedding", "--student", "static", "--align-lr", "0"), "--align-lr must be in"),
+    (("distill", "--task", "embedding", "--student", "static", "--align-epochs", "0", "--calibration-data",
+      "x.txt"), "add --align-epochs N or --weighting text"),
     (("bench", "minilm", "--timed-texts", "5"), "apply with --task embedding"),
 ])
 def test_bad_embedding_options_fail_in_one_line(args, message, tmp_path):
@@ -218,6 +221,17 @@ def test_bad_embedding_options_fail_in_one_line(args, message, tmp_path):
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_an_old_static_folder_is_refused_in_one_line_naming_the_fix(data_dir, tmp_path):
+    old = tmp_path / "old" / "student"
+    old.mkdir(parents=True)
+    (old / "static.json").write_text("{}")
+    r = run_cli("bench", "--task", "embedding", f"old={tmp_path / 'old'}", "--data-dir", str(data_dir),
+                "--out", str(tmp_path / "bench"))
+    assert r.returncode != 0
+    assert "old format" in r.stderr and "compress distill --task embedding --student static" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bench").exists()
 
 
 def test_missing_unlabelled_text_is_refused_before_any_run_folder(tiny_bert, data_dir, tmp_path):

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 import compress
+from compress.measure.latency_table import latency_table
 from tests.conftest import ROOT
 from tests.tiny_encoders import FFN, HIDDEN, build
 
@@ -342,7 +343,37 @@ BAD_ARGUMENTS = [
     ("save_model", lambda m, d: compress.save_model(m, None, 5), ["folder must be a path", "5 (int)"]),
     ("save_model", lambda m, d: compress.save_model("m", None, d), ["model must be a torch.nn.Module"]),
     ("verify_masks", lambda m, d: compress.verify_masks(None), ["folder must be a path", "None"]),
+    ("save_model", lambda m, d: compress.save_model(m, "tok", d / "out"),
+     ["tokenizer must be a Hugging Face tokenizer", "'tok' (str)"]),
+    ("kd_loss", lambda m, d: compress.kd_loss(_LOGITS, _LOGITS, torch.tensor([0, 3])),
+     ["labels holds class ids from 0 to 3", "the 3 labels [0, 3)"]),
+    ("kd_loss", lambda m, d: compress.kd_loss(_LOGITS, _LOGITS, torch.tensor([0, 1, 2])),
+     ["labels has shape [3]", "[2]"]),
+    ("prune_structured_model", lambda m, d: compress.prune_structured_model(m, _calibration(), speedup=2,
+                                                                            latency_batch="32"),
+     ["latency_batch must be an int", "'32' (str)"]),
+    ("prune_structured_model", lambda m, d: compress.prune_structured_model(m, _calibration(), speedup=2,
+                                                                            latency_batch=32.5),
+     ["latency_batch must be an int", "32.5 (float)"]),
+    ("prune_structured_model", lambda m, d: compress.prune_structured_model(m, _calibration(), speedup=2,
+                                                                            latency_runtime=["ort"]),
+     ["unknown runtime ['ort']"]),
+    ("prune_structured_model", lambda m, d: compress.prune_structured_model(
+        m, _calibration(labels=torch.tensor([0, 5])), flops_reduction=0.3),
+     ["calibration[0]['labels'] holds class ids from 0 to 5", "outside the 2 labels"]),
+    ("latency_table", lambda m, d: latency_table(m, seq_len="16", cache_dir=d), ["seq_len must be an int"]),
+    ("latency_table", lambda m, d: latency_table(m, batch=2.5, cache_dir=d), ["batch must be an int"]),
+    ("sparsity_report", lambda m, d: compress.sparsity_report(None), ["model must be a torch.nn.Module"]),
+    ("sparsity_report", lambda m, d: compress.sparsity_report(m, masks=[1]), ["masks must be a dict"]),
+    ("write_model_card", lambda m, d: compress.write_model_card(None), ["folder must be a path"]),
+    ("write_model_card", lambda m, d: compress.write_model_card(d, "model"),
+     ["model must be a torch.nn.Module"]),
 ]
+
+
+def _calibration(**extra):
+    ids = torch.tensor([[2, 40, 41, 3], [2, 42, 3, 0]])
+    return [{"input_ids": ids, "attention_mask": (ids != 0).long(), **extra}]
 
 
 @pytest.mark.parametrize("call, words", [(c, w) for _, c, w in BAD_ARGUMENTS],

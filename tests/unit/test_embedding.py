@@ -283,70 +283,197 @@ def test_cosine_distillation_loss_is_zero_for_the_teacher_and_training_lowers_it
     assert float(loss(student, batch)[0]) < before / 2
 
 
-def test_static_student_token_vectors_are_the_teachers_pooled_outputs(tiny_bert):
-    from compress.embedding.static import special_ids, token_vectors
+@pytest.fixture(scope="module")
+def tiny_wordpiece(tmp_path_factory) -> Path:
+    """A 2-layer, hidden-32 BERT with random weights and a WordPiece tokenizer built here: the words
+    of TEXTS, a few suffix pieces and two ``[unusedN]`` tokens, which Model2Vec drops."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
-    vectors = token_vectors(teacher, tok, batch_size=4096)
-    for token in ("cat", "##ing", "mat"):
-        i = tok.convert_tokens_to_ids(token)
-        x = torch.tensor([[tok.cls_token_id, i, tok.sep_token_id]])
-        with torch.no_grad():
-            hidden = teacher.encoder(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
-        want = hidden.mean(1)[0]
-        assert torch.allclose(vectors[i], want, atol=1e-5)
-    for i in special_ids(tok):
-        assert not vectors[i].any()
-    assert tok.unk_token_id not in special_ids(tok)
+    from tests.tiny_encoders import perturb_defaults
 
-
-def test_static_student_means_its_token_vectors_without_special_tokens(tmp_path, tiny_bert):
-    from transformers import AutoTokenizer
-
-    from students.static_embedding import StaticEmbeddingConfig, StaticEmbeddingStudent, encode_static
-
-    tok = AutoTokenizer.from_pretrained(tiny_bert)
-    vocab = len(tok)
-    vectors = torch.randn(vocab, 6, generator=torch.Generator().manual_seed(0))
-    skip = (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
-    student = StaticEmbeddingStudent(StaticEmbeddingConfig(vocab, 6, False, skip), vectors)
-    got = encode_static(student, tok, ["the cat", "a dog ran"])
-    for row, text in enumerate(["the cat", "a dog ran"]):
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert torch.allclose(got[row], vectors[ids].mean(0), atol=1e-6)
-    student.save(tmp_path / "s", tok)
-    again = StaticEmbeddingStudent.load(tmp_path / "s")
-    assert torch.equal(encode_static(again, tok, ["the cat"]), got[:1])
-    with pytest.raises(ModelError, match="no static-embedding student"):
-        StaticEmbeddingStudent.load(tmp_path)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]"]
+    words = sorted({w for t in TEXTS + ["what flows through paris ?"] for w in t.split()})
+    pieces = ["##s", "##ing", "##ed", "run", "dog"]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(specials + words + pieces))}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    fast = BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                             pad_token="[PAD]", mask_token="[MASK]")
+    folder = tmp_path_factory.mktemp("tiny_wordpiece")
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64)
+    perturb_defaults(BertModel(cfg)).save_pretrained(folder, safe_serialization=True)
+    fast.save_pretrained(folder)
+    return folder
 
 
-def test_frequency_weights_follow_their_formulas(tiny_bert):
-    from transformers import AutoTokenizer
-
-    from compress.embedding.static import sif_weights, text_probabilities, zipf_probabilities
-
-    z = zipf_probabilities(4)
-    inv = np.array([1 / 2, 1 / 3, 1 / 4, 1 / 5])
-    assert np.allclose(z, inv / inv.sum())
-    assert np.allclose(sif_weights(np.array([0.0, 1e-4, 1.0]), 1e-4), [1.0, 0.5, 1e-4 / (1 + 1e-4)])
-    tok = AutoTokenizer.from_pretrained(tiny_bert)
-    p = text_probabilities(tok, ["cat cat dog"], len(tok))
-    cat, dog = tok.convert_tokens_to_ids(["cat", "dog"])
-    total = len(tok) + 3
-    assert p[cat] == pytest.approx(3 / total) and p[dog] == pytest.approx(2 / total)
+LONG = " ".join(TEXTS[i % 4].split()[i % 3] for i in range(3000))
+STATIC_TEXTS = TEXTS + ["What flows through Paris?", "the dogs running", "zzz qqq", "", "the cat " * 400,
+                        LONG]
 
 
-def test_static_distillation_refuses_bad_settings(tiny_bert):
+def _distilled(folder: Path, tmp_path: Path, **kwargs) -> tuple[object, Path, dict]:
     from compress.embedding.static import distil_static
+    from students.static_embedding import save_static
 
-    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
+    teacher, tok, _ = load_sentence_encoder(str(folder))
+    student, report = distil_static(teacher, tok, 8, **kwargs)
+    save_static(student, tmp_path / "student")
+    return student, tmp_path / "student", report
+
+
+@pytest.mark.parametrize("arch", ["wordpiece", "roberta", "xlm-roberta"])
+def test_static_student_folder_opens_in_model2vec_and_sentence_transformers(arch, tiny_wordpiece,
+                                                                            tiny_encoder, tmp_path):
+    from model2vec import StaticModel
+    from sentence_transformers import SentenceTransformer
+
+    from students.static_embedding import encode_static, load_static
+
+    folder = tiny_wordpiece if arch == "wordpiece" else tiny_encoder(arch)
+    student, saved, report = _distilled(folder, tmp_path)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "modules.json"} <= {
+        p.name for p in saved.iterdir()}
+    ours = encode_static(load_static(saved), STATIC_TEXTS, batch_size=3)
+    assert ours.shape == (len(STATIC_TEXTS), 8) and ours.dtype == torch.float32
+    assert torch.equal(ours, encode_static(student, STATIC_TEXTS))
+    m2v = torch.as_tensor(StaticModel.from_pretrained(saved).encode(STATIC_TEXTS))
+    assert (m2v - ours).abs().max() < 1e-5
+    st = SentenceTransformer(str(saved), device="cpu")
+    known = [i for i, t in enumerate(STATIC_TEXTS) if ours[i].any()]  # sentence-transformers: NaN for none
+    assert len(known) >= len(TEXTS)
+    got = torch.as_tensor(st.encode([STATIC_TEXTS[i] for i in known]))
+    assert (got - ours[known]).abs().max() < 1e-5
+    assert report["dims"] == 8 and report["vocab"] == len(student.tokens)
+
+
+def test_bench_times_a_static_folder_with_this_projects_encoder_or_model2vecs(tiny_wordpiece, tmp_path):
+    from compress.recipes.embedding_bench import EmbeddingBenchConfig, load_entry
+
+    _, saved, _ = _distilled(tiny_wordpiece, tmp_path)
+    cfg = EmbeddingBenchConfig(models=(str(saved),), batch_size=2)
+    ours, theirs = load_entry(str(tmp_path), cfg), load_entry(f"model2vec:{saved}", cfg)
+    assert (ours[0], theirs[0]) == ("static", "model2vec")
+    a, b = ours[1](STATIC_TEXTS), theirs[1](STATIC_TEXTS)
+    assert a.dtype == b.dtype == torch.float32 and (a - b).abs().max() < 1e-5
+    with pytest.raises(ModelError, match="no model2vec folder there"):
+        load_entry(f"model2vec:{tmp_path / 'nothing'}", cfg)
+
+
+def test_static_student_is_the_mean_of_its_token_vectors_without_special_or_unknown_tokens(
+        tiny_wordpiece, tmp_path):
+    student, _, report = _distilled(tiny_wordpiece, tmp_path)
+    from students.static_embedding import encode_static
+
+    vocab = student.tokenizer.get_vocab()
+    # Model2Vec's vocabulary: [unusedN] and the special tokens it never sees dropped, [UNK] kept (zero)
+    assert not {"[unused0]", "[CLS]", "[SEP]", "[MASK]"} & set(vocab)
+    assert report["teacher_vocab"] - report["vocab"] == 5
+    assert not student.embedding[vocab["[UNK]"]].any() and student.max_length is None
+    table = torch.as_tensor(student.embedding)
+    got = encode_static(student, ["the cat sat", "the zzz cat"], batch_size=1)
+    ids = [vocab[w] for w in ("the", "cat", "sat")]
+    assert torch.allclose(got[0], torch.nn.functional.normalize(table[ids].mean(0), dim=0), atol=1e-6)
+    assert torch.allclose(got[1], torch.nn.functional.normalize(table[ids[:2]].mean(0), dim=0), atol=1e-6)
+    assert not encode_static(student, ["", "zzz"]).any()
+
+
+def test_static_student_is_tuned_then_kept_in_float16_when_asked(tiny_wordpiece, tmp_path):
+    from safetensors.numpy import load_file
+
+    from compress.embedding.static import AlignConfig
+
+    student, saved, report = _distilled(tiny_wordpiece, tmp_path, dtype="float16", texts=TEXTS,
+                                        align=AlignConfig(epochs=2, batch_size=2))
+    assert report["dtype"] == "float16" and report["align"]["texts"] == len(TEXTS)
+    assert {v.dtype for v in load_file(str(saved / "model.safetensors")).values()} == {np.dtype("float16")}
+
+
+def test_old_static_folders_and_other_folders_are_refused_in_one_line(tmp_path, tiny_bert):
+    from students.static_embedding import find_static_folder, load_static
+
+    old = tmp_path / "run" / "student"
+    old.mkdir(parents=True)
+    (old / "static.json").write_text("{}")
+    for path in (old, tmp_path / "run"):
+        with pytest.raises(ModelError, match=r"old format .* distil it again with 'compress distill") as err:
+            load_static(path)
+        assert "\n" not in str(err.value)
+    assert find_static_folder(tiny_bert) is None
+    with pytest.raises(ModelError, match="holds no static-embedding student"):
+        load_static(tiny_bert)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "model2vec"}))
+    with pytest.raises(ModelError, match="without model.safetensors"):
+        load_static(broken)
+
+
+def test_frequency_weights_follow_their_formula_on_the_students_tokens(tiny_wordpiece, tmp_path):
+    from compress.embedding.static import sif_weights, text_probabilities
+
+    assert np.allclose(sif_weights(np.array([0.0, 1e-4, 1.0]), 1e-4), [1.0, 0.5, 1e-4 / (1 + 1e-4)])
+    student, _, report = _distilled(tiny_wordpiece, tmp_path, weighting="text", texts=["cat cat dog"])
+    assert report["weighting"] == "text" and report["frequency_texts"] == 1
+    p = text_probabilities(student, ["cat cat dog"])
+    vocab = student.tokenizer.get_vocab()
+    total = len(vocab) + 3
+    assert p[vocab["cat"]] == pytest.approx(3 / total) and p[vocab["dog"]] == pytest.approx(2 / total)
+
+
+def test_teacher_aligned_tuning_brings_the_students_similarities_towards_the_teachers(tiny_wordpiece,
+                                                                                     tmp_path):
+    from compress.embedding.static import AlignConfig, align_static
+    from students.static_embedding import encode_static
+
+    student, _, _ = _distilled(tiny_wordpiece, tmp_path)
+    teacher, tok, _ = load_sentence_encoder(str(tiny_wordpiece))
+    texts = TEXTS + ["What flows through Paris?", "the dogs ran", "a cat sat on the dog", "rain fell today"]
+    targets = embed(teacher, tok, texts)
+
+    def gap() -> float:
+        s = encode_static(student, texts)
+        t = torch.nn.functional.normalize(targets, dim=-1)
+        return float((s @ s.T - t @ t.T).abs().mean())
+
+    before, unk = gap(), student.tokenizer.get_vocab()["[UNK]"]
+    report = align_static(student, texts + ["zzz"], torch.cat([targets, targets[:1]]),
+                          AlignConfig(epochs=60, lr=0.05, batch_size=8))
+    assert report["texts"] == len(texts)  # the text of unknown pieces only is left out
+    assert report["loss_last_epoch"] < report["loss_first_epoch"] / 2
+    assert gap() < before / 2
+    assert student.embedding.dtype == np.float32 and not student.embedding[unk].any()
+    with pytest.raises(UsageError, match="2 texts but 1 teacher embeddings"):
+        align_static(student, texts[:2], targets[:1])
+    with pytest.raises(UsageError, match="align epochs must be a positive integer"):
+        AlignConfig(epochs=0)
+    with pytest.raises(UsageError, match="align lr must be positive"):
+        AlignConfig(lr=float("nan"))
+
+
+def test_static_distillation_refuses_bad_settings(tiny_wordpiece):
+    from compress.embedding.static import AlignConfig, distil_static
+
+    teacher, tok, _ = load_sentence_encoder(str(tiny_wordpiece))
     with pytest.raises(UsageError, match="unknown weighting 'idf'"):
         distil_static(teacher, tok, 8, "idf")
     with pytest.raises(UsageError, match="weighting 'text'"):
         distil_static(teacher, tok, 8, "text", texts=())
     with pytest.raises(UsageError, match="--dims 64"):
         distil_static(teacher, tok, 64, "zipf")
+    with pytest.raises(UsageError, match="unknown dtype 'int4'"):
+        distil_static(teacher, tok, 8, dtype="int4")
+    with pytest.raises(UsageError, match="teacher-aligned tuning needs unlabelled text"):
+        distil_static(teacher, tok, 8, align=AlignConfig())
+    with pytest.raises(UsageError, match="sif_coefficient 2"):
+        distil_static(teacher, tok, 8, sif_coefficient=2)
 
 
 def test_sentence_encoder_forward_normalises_only_where_configured(tiny_bert):
@@ -634,3 +761,103 @@ def test_save_embedding_model_checks_its_masks_before_writing_anything(tiny_bert
         with pytest.raises(error, match=words):
             compress.save_embedding_model(model, tok, tmp_path / "out", masks=masks)
         assert not (tmp_path / "out").exists()
+
+
+def test_embedding_api_refuses_wrong_objects_before_touching_the_model(tiny_bert, tmp_path):
+    import copy
+
+    from transformers import BertModel
+
+    import compress
+
+    model, tok = compress.load_embedding_model(str(tiny_bert))
+    other = copy.deepcopy(model)
+    other.dense = torch.nn.ModuleDict({"2_Dense": torch.nn.Linear(32, 16)})  # embeds in 16 dimensions
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for call, words in (
+            (lambda: compress.embed_texts(model, "tok", TEXTS), "tokenizer must be a Hugging Face tokenizer"),
+            (lambda: compress.embed_texts(model.encoder, tok, TEXTS), "model is a BertModel"),
+            (lambda: compress.prune_embedding_model(model, 42, TEXTS, sparsity=0.5),
+             "tokenizer must be a Hugging Face tokenizer, got 42"),
+            (lambda: compress.distil_embedding_model(model, model, tok, TEXTS, steps=1), "the same object"),
+            (lambda: compress.distil_embedding_model(model, other, tok, TEXTS, steps=1),
+             "embeds in 32 dimensions and the teacher in 16"),
+            (lambda: compress.distil_embedding_model(model, BertModel(model.config), tok, TEXTS, steps=1),
+             "teacher is a BertModel"),
+            (lambda: compress.save_embedding_model(model, None, tmp_path / "out"),
+             "tokenizer must be a Hugging Face tokenizer, got None")):
+        with pytest.raises(UsageError, match=words):
+            call()
+    assert all(p.requires_grad for p in model.parameters())  # nothing frozen by a refused call
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not (tmp_path / "out").exists()
+
+
+def test_recovery_loss_with_layers_equals_a_hand_computation_over_real_tokens_and_kept_layers(tiny_bert):
+    """The pooled cosine term and the layer-wise term read only real tokens (the batch is padded),
+    and the layer-wise term matches only the layers the prune left something in (layer 0 is gone)."""
+    import copy
+    import dataclasses
+
+    from compress.embedding.losses import cosine_distillation_loss
+    from compress.embedding.model import tokens
+    from compress.pruning.structured import remove_structured
+
+    teacher, tok, _ = load_sentence_encoder(str(tiny_bert))
+    teacher.pooling = dataclasses.replace(teacher.pooling, mode="mean", normalize=False)
+    student = copy.deepcopy(teacher)
+    remove_structured(student.encoder, [[], [0, 2]], [[], list(range(0, 64, 2))])
+    batch = tokens(tok, TEXTS, 16)
+    mask = batch["attention_mask"]
+    assert not mask.all()  # padding present
+    value, extra = cosine_distillation_loss(teacher, 0.5)(student, batch)
+
+    with torch.no_grad():
+        t_hidden = teacher.encoder(**batch, output_hidden_states=True).hidden_states
+        s_out = []
+        hook = student.encoder.encoder.layer[1].register_forward_hook(
+            lambda m, a, o: s_out.append(o[0] if isinstance(o, tuple) else o))
+        try:
+            s_last = student.encoder(**batch).last_hidden_state
+        finally:
+            hook.remove()
+        m = mask[..., None].float()
+
+        def mean_pool(h):
+            return (h * m).sum(1) / m.sum(1)
+
+        cos = (1 - torch.nn.functional.cosine_similarity(mean_pool(s_last), mean_pool(t_hidden[-1]))).mean()
+        layers = ((s_out[0] - t_hidden[2]).pow(2) * m).sum() / (m.sum() * s_last.shape[-1])
+    assert extra["cosine"] == pytest.approx(float(cos), rel=1e-5)
+    assert extra["layers"] == pytest.approx(float(layers), rel=1e-5)
+    assert float(value) == pytest.approx(float(cos + 0.5 * layers), rel=1e-5)
+
+
+def test_verify_checks_the_stock_copy_sentence_transformers_loads(tiny_bert, tmp_path):
+    """NaN, scaled or missing weights in 0_Transformer (what a bare SentenceTransformer reads) fail
+    verify, though the pruned weights beside it are intact."""
+    from safetensors.torch import load_file, save_file
+
+    from compress.core.errors import IntegrityError
+    from compress.pruning.integrity import verify_run
+    from compress.pruning.structured import layer_sizes, remove_structured
+
+    model, tok, _ = load_sentence_encoder(str(tiny_bert))
+    sizes = layer_sizes(model.encoder)
+    remove_structured(model.encoder, [[0] for _ in sizes["heads"]],
+                      [list(range(0, n, 2)) for n in sizes["ffn"]])
+    folder = tmp_path / "pruned"
+    save_sentence_transformer(model, tok, folder, {"task": "embedding"})
+    assert verify_run(folder)["stock_copy"] is True
+    weights = folder / "0_Transformer" / "model.safetensors"
+    intact = load_file(str(weights))
+    key = next(k for k in intact if k.endswith("layer.1.output.dense.weight"))
+    for edit, error, words in (
+            (lambda t: {**t, key: t[key].clone().fill_(float("nan"))}, IntegrityError, "not finite|NaN"),
+            (lambda t: {**t, key: t[key] * 3}, IntegrityError, "computes other outputs"),
+            (lambda t: {k: v for k, v in t.items() if k != key}, ModelError, "0_Transformer' lacks weights")):
+        save_file(edit(intact), str(weights))
+        with pytest.raises(error, match=words):
+            verify_run(folder)
+    save_file(intact, str(weights))
+    assert verify_run(folder)["stock_copy"] is True

@@ -19,6 +19,7 @@ from transformers import (
 from compress.core.errors import UsageError
 from compress.models.loading import save_model
 from compress.pruning.structured import layer_sizes, remove_structured
+from tests.tiny_encoders import perturb_defaults
 from tests.unit.test_structured import logits_equal_without_compress
 
 HEAD = 16
@@ -29,10 +30,12 @@ KEEP_NEURONS = [[0, 5, 9, 100], [], [], [3, 4, 7]]
 
 
 def tiny_classifier(seed: int = 0) -> BertForSequenceClassification:
+    """Biases and LayerNorms perturbed: an empty block that skipped its LayerNorm or its output bias
+    would compute the same as a default-initialised one (zero biases, identity LayerNorms)."""
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                      intermediate_size=128, max_position_embeddings=64, num_labels=3)
-    return BertForSequenceClassification(cfg).eval()
+    return perturb_defaults(BertForSequenceClassification(cfg)).eval()
 
 
 def inputs(seed: int = 1) -> dict[str, torch.Tensor]:

@@ -243,6 +243,31 @@ def test_int8_per_channel_scales(tiny_bert, tmp_path):
     assert r["max_abs_diff"]["logits"] <= INT8_ATOL
 
 
+def _weight_scale_sizes(path) -> list[int]:
+    """Element counts of the weight scales of an int8 file's quantized matrices."""
+    import onnx
+
+    inits = {i.name: i for i in onnx.load(str(path)).graph.initializer}
+    return [int(np.prod(inits[n].dims)) for n in inits if n.endswith("_scale")]
+
+
+def test_the_int8_export_and_conversion_write_per_channel_scales_unless_per_tensor_is_asked(tiny_bert,
+                                                                                           tmp_path):
+    from compress.export.precision import PRECISIONS
+
+    ffn = load_torch_model(str(tiny_bert)).model.config.intermediate_size
+    fp32 = export_onnx(load_torch_model(str(tiny_bert)), tmp_path / "m.onnx")
+    # the conversion the export and the latency table's timed models call, at its default
+    PRECISIONS["int8"].convert(fp32, tmp_path / "c.onnx")
+    assert max(_weight_scale_sizes(tmp_path / "c.onnx")) == ffn
+    # compress export --quantize int8, then with --per-tensor
+    run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "e.onnx"), quantize="int8"))
+    assert max(_weight_scale_sizes(tmp_path / "e.onnx")) == ffn
+    run_export(ExportConfig(model=str(tiny_bert), to=str(tmp_path / "t.onnx"), quantize="int8",
+                            per_tensor=True))
+    assert set(_weight_scale_sizes(tmp_path / "t.onnx")) == {1}
+
+
 def test_int8_scales_per_output_column_keep_an_outlier_row_from_costing_the_others(tmp_path):
     # one output dimension of a linear layer has weights 50x the others' (BERT's FFN output
     # projection has such rows): one int8 scale per matrix leaves the other dimensions a handful

@@ -4,6 +4,7 @@ force, the budget it promises, and why a FLOPs-only search does not meet a laten
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -233,3 +234,87 @@ def test_the_loss_of_a_count_is_the_loss_of_removing_exactly_the_units_not_kept(
         removed = torch.ones(5, dtype=torch.bool)
         removed[top_units(importance, k)] = False
         assert losses[5 - k].item() == pytest.approx(removal_cost(grads, removed)), k
+
+
+def test_each_options_loss_is_the_loss_of_removing_exactly_the_units_it_does_not_keep():
+    from compress.pruning.latency_search import block_options, top_units
+
+    g = torch.Generator().manual_seed(3)
+    grads = torch.randn(6, 5, generator=g)
+    importance = grads.pow(2).sum(0)
+    counts = [0, 1, 2, 3, 4, 5]
+    block = block_options("attention", 0, grads, importance, counts, lambda k: 1.0 + k)
+    for k, ms, loss in zip(block.counts, block.ms, block.loss):
+        removed = torch.ones(5, dtype=torch.bool)
+        removed[top_units(importance, k)] = False
+        assert loss == pytest.approx(removal_cost(grads, removed)), k
+        assert ms == (0.0 if k == 0 else 1.0 + k)
+    assert block.loss[-1] == 0.0 and block.loss[0] > block.loss[1] > 0
+
+
+@pytest.mark.parametrize("speedup", [1.3, 1.7, 2.4])
+def test_the_plan_is_the_least_loss_layout_within_the_target_by_brute_force(speedup):
+    """Every layout of a 2-layer model (0-3 heads, 0/8/16 neurons per layer) on a table whose layers
+    cost a fixed 2 ms each: the plan is the feasible layout of least summed removal loss, computed
+    here from the removed units' per-example gradients (removal_cost). The heads matter most and
+    the full head count is an option, so the plan keeps every head where the budget allows."""
+    from itertools import product
+
+    from compress.pruning.latency_search import top_units
+
+    fisher = _fisher(layers=2, heads=3, width=16, seed=1)
+    table = AffineTable(heads=3, width=16, layers=2, layer_fixed_ms=2.0, block_ms=1.0, neuron_ms=0.2)
+    target = table.predict_ms([3, 3], [16, 16]) / speedup
+
+    def loss(grads, importance, k):
+        removed = torch.ones(len(importance), dtype=torch.bool)
+        removed[top_units(importance, k)] = False
+        return removal_cost(grads, removed)
+
+    best = None
+    for h0, h1, w0, w1 in product(range(4), range(4), (0, 8, 16), (0, 8, 16)):
+        if table.predict_ms([h0, h1], [w0, w1]) > target + 1e-9:
+            continue
+        total = sum(loss(fisher.head_grads[i], fisher.heads[i], h) for i, h in enumerate((h0, h1)))
+        total += sum(loss(fisher.neuron_grads[i], fisher.neurons[i], w) for i, w in enumerate((w0, w1)))
+        best = min(best or (float("inf"), None), (total, ((h0, h1), (w0, w1))))
+    plan = plan_for_speedup(fisher, table, speedup, ffn_step=8)
+    heads = tuple(len(k) for k in plan["keep_heads"])
+    ffn = tuple(len(k) for k in plan["keep_neurons"])
+    assert plan["predicted_ms"] <= target + 1e-9
+    assert plan["estimated_loss"] == pytest.approx(best[0], rel=1e-9)
+    assert (heads, ffn) == best[1]
+    if speedup < 2:
+        assert heads == (3, 3)
+
+
+def test_the_speedup_path_holds_the_tuned_scales_within_the_bound():
+    """prune_to_speedup passes its scale bound to the least-squares tuning: at a bound of 1 no
+    folded scale exceeds 1, where the unbounded fit of the same plan goes above it."""
+    batches = _batches()
+    table = AffineTable(heads=4, width=64, layers=3, block_ms=6.0)
+    fisher = fisher_importance(tiny_classifier(), batches)
+    free = prune_to_speedup(tiny_classifier(), batches, table, 2.0, fisher=fisher, scale_bound=None)
+    bounded = prune_to_speedup(tiny_classifier(), batches, table, 2.0, fisher=fisher, scale_bound=1.0)
+
+    def largest(report):
+        return max(abs(s) for masks in report["head_masks"] + report["neuron_masks"] for s in masks)
+
+    assert largest(free) > 1.0
+    assert largest(bounded) <= 1.0 + 1e-6 and bounded["scale_bound"] == 1.0
+
+
+def test_the_prune_recipe_passes_its_scale_bound_on_the_speedup_path(monkeypatch):
+    import compress.measure.latency_table as lt
+    from compress.api.prune_stages import PruneConfig, structured_prune
+    from tests.unit.test_latency_table import hand_table
+
+    shapes = []
+    monkeypatch.setattr(lt, "latency_table", lambda module, runtime, batch, tokens: shapes.append(
+        (runtime, batch, tokens)) or dataclasses.replace(hand_table(), num_layers=3))
+    cfg = PruneConfig(stage="post-training", structured=("heads", "ffn"), criterion="fisher", speedup=(1.5,),
+                      latency_shape="2x12", scale_bound=1.0)
+    report = structured_prune(tiny_classifier(), cfg, _batches())
+    assert shapes == [("ort-int8", 2, 12)]
+    assert report["scale_bound"] == 1.0 and report["tuned"]
+    assert max(abs(s) for masks in report["head_masks"] + report["neuron_masks"] for s in masks) <= 1.0 + 1e-6

@@ -304,3 +304,47 @@ def test_an_unwritable_cache_folder_is_refused_before_any_timing(tmp_path, monke
     monkeypatch.setattr(lt, "build_table", lambda *a, **k: pytest.fail("timed before refusing"))
     with pytest.raises(UsageError, match="not writable.*COMPRESS_CACHE_DIR"):
         latency_table(tiny_config(), cache_dir=blocker / "cache", **SMALL)
+
+
+def test_a_built_table_charges_the_dense_time_its_blocks_do_not_explain(monkeypatch):
+    """build_table on stubbed timings (no model is timed): A(h) = 0.5 h ms, F(w) = 0.05 w ms, 1 ms
+    fixed per layer, a 10 ms base; the 2-layer dense model's blocks sum to 22.4 ms and it is timed
+    at 24 ms, so the table stores a 1.6 ms residual and predicts the dense layout at 24 ms."""
+    def medians(name: str) -> float:
+        if name.startswith("heads="):
+            return 7.0 + 0.5 * int(name[6:])
+        if name.startswith("ffn="):
+            return 7.0 + 0.05 * int(name[4:])
+        return {"base": 10.0, "base_small": 6.0, "reference": 7.0, "dense": 24.0}[name]
+
+    def time_layouts(config, layouts, *args, **kwargs):
+        stats = {n: {"median_ms": medians(n), "p90_ms": medians(n), "fused_ops": {}} for n in layouts}
+        return stats, {"export_s": 0.0, "timing_s": 0.0}
+
+    monkeypatch.setattr(lt, "time_layouts", time_layouts)
+    cfg = tiny_config()
+    table = lt.build_table(cfg, lt.arch_shape(cfg), lt.check_runtime("ort-int8"), 2, 16, 1, (1, 2, 3, 4),
+                           (1, 8, 32, 64), "empty", 3, {})
+    assert table.layer_fixed_ms == pytest.approx(1.0) and table.base_ms == 10.0
+    assert table.attention_ms(4) == pytest.approx(2.0) and table.ffn_ms(64) == pytest.approx(3.2)
+    assert table.dense_predicted_ms == pytest.approx(10.0 + 2 * (1.0 + 2.0 + 3.2))
+    assert table.dense_ms == 24.0 and table.residual_ms == pytest.approx(1.6)
+    assert table.predict_ms(*table.dense_layout()) == pytest.approx(24.0)
+    assert table.predict_ms([1, 0], [8, 0]) == pytest.approx(10.0 + 1.6 + 2 * 1.0 + 0.5 + 0.4)
+
+
+def test_tables_of_another_length_or_thread_count_are_measured_and_cached_apart(tmp_path, monkeypatch):
+    built = []
+
+    def build_table(config, shape, runtime, batch, seq_len, threads, *args):
+        built.append((seq_len, threads))
+        return dataclasses.replace(hand_table(), key=args[-1], batch=batch, seq_len=seq_len)
+
+    monkeypatch.setattr(lt, "build_table", build_table)
+    cfg = tiny_config()
+    for seq_len, threads in ((16, 1), (16, 1), (32, 1), (16, 2), (32, 1)):
+        table = latency_table(cfg, cache_dir=tmp_path, batch=2, seq_len=seq_len, threads=threads,
+                              width_points=(8, 32))
+        assert table.seq_len == seq_len and table.key["threads"] == threads
+    assert built == [(16, 1), (32, 1), (16, 2)]  # the repeats were read from the cache
+    assert len(list(tmp_path.glob("*.json"))) == 3

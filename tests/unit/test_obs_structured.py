@@ -265,3 +265,49 @@ def test_a_structured_target_without_a_criterion_goes_to_the_reconstruction():
     # sentence embeddings: the embedding Fisher kept more ReQA P@1 one-shot, so it is their default
     assert PruneConfig(stage="post-training", structured=("heads", "ffn"), task="embedding",
                        speedup=(2.0,)).criterion == "fisher"
+
+
+class FixedCostTable(FlatTable):
+    """A latency model whose layers cost a fixed 2 ms each (their LayerNorms), heads 0.2 ms each and
+    neurons 0.3 ms each."""
+
+    layer_fixed_ms = 2.0
+
+    def attention_ms(self, heads):
+        return 0.2 * heads
+
+    def ffn_ms(self, width):
+        return 0.3 * width
+
+    def predict_ms(self, heads, ffn):
+        return self.base_ms + len(heads) * self.layer_fixed_ms + 0.2 * sum(heads) + 0.3 * sum(ffn)
+
+
+@pytest.mark.parametrize("speedup", [1.1, 1.5])
+def test_the_plan_is_the_least_error_layout_when_layers_have_a_fixed_cost(speedup):
+    """Brute force over every count of every block (the full head count and the empty block
+    included), against a table that charges each layer a fixed cost: the plan fits the target and
+    its database error is the least of the layouts that fit. The search rounds each of the four
+    blocks' times up to a 2000th of the time left to the blocks, so a layout within four such steps
+    of the target may be passed over: the plan's error lies between the least error of all the
+    layouts that fit and that of those that fit with that margin."""
+    model = tiny_bert()
+    db = removal_database(model, batches(model))
+    table = FixedCostTable()
+    plan = plan_for_speedup_obs(db, ([4, 4], [12, 12]), table, speedup, ffn_step=1)
+    target = table.predict_ms([4, 4], [12, 12]) / speedup
+    margin = 4 * (target - table.base_ms - 2 * table.layer_fixed_ms) / 2000
+    best, best_within_margin = float("inf"), float("inf")
+    for h0, h1 in itertools.product(range(5), repeat=2):
+        for f0, f1 in itertools.product(range(13), repeat=2):
+            ms = table.predict_ms([h0, h1], [f0, f1])
+            loss = (db.heads[0].errors[4 - h0] + db.heads[1].errors[4 - h1] + db.neurons[0].errors[12 - f0]
+                    + db.neurons[1].errors[12 - f1])
+            if ms <= target + 1e-9:
+                best = min(best, loss)
+            if ms <= target - margin:
+                best_within_margin = min(best_within_margin, loss)
+    assert plan["predicted_ms"] <= target + 1e-9
+    assert best - 1e-12 <= plan["estimated_loss"] <= best_within_margin + 1e-12
+    if speedup < 1.2:
+        assert 4 in plan["layer_heads_planned"]  # where the budget allows, a layer keeps every head

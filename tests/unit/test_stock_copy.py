@@ -124,3 +124,23 @@ def test_bigbird_stock_copy_keeps_block_sparse_attention_after_its_check():
         assert type(layer.attention.self).__name__ == "BigBirdBlockSparseAttention"
     long = {"input_ids": torch.randint(5, 120, (2, 40), generator=torch.Generator().manual_seed(1))}
     assert torch.allclose(model(**long).logits, stock(**long).logits, atol=1e-5)
+
+
+def test_a_copy_whose_weights_land_in_the_wrong_places_is_refused(monkeypatch):
+    """The copy is checked on a probe batch: kept FFN neurons placed in the wrong rows (their
+    input weights reversed, their output columns and biases not) give other outputs, and no copy."""
+    import compress.pruning.stock_copy as sc
+
+    real = sc._element_sources
+
+    def misplaced(*args):
+        sources = real(*args)
+        name = "encoder.layer.0.intermediate.dense.weight"
+        sources[name] = sources[name].flip(0)
+        return sources
+
+    model = _tiny_bert()
+    remove_structured(model, [[1, 3], [0, 2], [0]], [[0, 5, 7], [1, 2], [4]])
+    monkeypatch.setattr(sc, "_element_sources", misplaced)
+    with pytest.raises(ModelError, match="differs from it by"):
+        stock_copy(model)
