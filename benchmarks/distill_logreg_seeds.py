@@ -41,7 +41,7 @@ def sklearn_reference(cfg, cs: list[float]) -> tuple[str, dict[str, float]]:
     from sklearn.preprocessing import MultiLabelBinarizer
 
     from compress.models.loading import load_tokenizer
-    from compress.recipes.finetune import load_task_data
+    from compress.tasks.task_data import load_task_data
     from students.logreg import LogRegConfig, LogRegStudent
 
     _, data = load_task_data(cfg)

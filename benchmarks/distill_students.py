@@ -74,8 +74,9 @@ def run(args, ctx) -> dict | None:
 
 def run_suite(task: str, args, seed: int) -> dict:
     """Teacher (fine-tuned or given), then KD and --no-kd runs of every student; returns the report."""
+    from compress.api.finetuning import FinetuneConfig
     from compress.recipes.distill import DistillConfig, run_distill
-    from compress.recipes.finetune import FinetuneConfig, run_finetune
+    from compress.recipes.finetune import run_finetune
 
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
     if (Path(args.data_dir) / "nltk_data").is_dir():  # the tagger data shipped with the data folder

@@ -97,7 +97,7 @@ def _make_structured(src: str, sparsity: float, folder: Path) -> dict:
 
     from compress.models.loading import load_tokenizer, read_meta, resolve_model
     from compress.pruning.structured import prune_structured
-    from compress.recipes.saving import save_model
+    from compress.report.saving import save_model
 
     path = resolve_model(src)
     meta = read_meta(path)
@@ -126,7 +126,8 @@ def run(args, ctx) -> dict | None:
     if ctx.dry_run:
         print(f"# exports of {args.minilm} and the given models, one bench at {batch_sizes} x {args.seq_len}")
         return None
-    from compress.recipes.bench import BenchConfig, BenchOptions, format_bench, run_bench
+    from compress.measure.bench import BenchConfig, BenchOptions, format_bench
+    from compress.recipes.bench import run_bench
 
     # the timing options are checked now, not after minutes of exports
     BenchOptions(batch_sizes=batch_sizes, seq_lens=(args.seq_len,), warmup=args.warmup,

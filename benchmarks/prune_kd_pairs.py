@@ -53,8 +53,8 @@ def budget(args) -> str:
 
 
 def run(args, ctx) -> dict | None:
-    from compress.recipes.prune import PruneConfig
-    from compress.recipes.prune_run import run_prune
+    from compress.api.prune_stages import PruneConfig
+    from compress.cli.prune import run_prune
     from compress.report.analysis import paired_comparison
 
     pairs = plan(args)

@@ -43,7 +43,8 @@ def run(args, ctx) -> dict | None:
     if ctx.dry_run:
         print(f"# fine-tune on SQuAD {args.split_by_article} once per objective {args.objectives}")
         return None
-    from compress.recipes.finetune import FinetuneConfig, run_finetune
+    from compress.api.finetuning import FinetuneConfig
+    from compress.cli.finetune import finetune_task as run_finetune  # the recipe of the task's family
 
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
 

@@ -52,10 +52,11 @@ def run(args, ctx) -> dict | None:
     if ctx.dry_run:
         print(f"# ReQA {args.split_by_article}: {', '.join(systems)}")
         return None
-    from compress.recipes.finetune import FinetuneConfig, run_finetune
+    from compress.api.finetuning import FinetuneConfig
+    from compress.cli.finetune import finetune_task as run_finetune  # the recipe of the task's family
     from compress.recipes.reqa_mining import ReQAMiningConfig, run_reqa_mining_distill
-    from compress.recipes.retrieval import bm25_metrics, dual_encoder_metrics, load_reqa_data
     from compress.retrieval.dual_encoder import load_dual_encoder
+    from compress.retrieval.finetuning import bm25_metrics, dual_encoder_metrics, load_reqa_data
 
     os.environ.setdefault("COMPRESS_NO_PROGRESS", "1")
     teacher_epochs = ReQAMiningConfig.teacher_epochs if args.teacher_epochs is None else args.teacher_epochs

@@ -63,8 +63,8 @@ def main(argv=None) -> int:
 
     import compress
     from compress.models.loading import resolve_model
-    from compress.recipes.finetune import TaskDataConfig, load_task_data
     from compress.tasks.metrics import compute_metrics
+    from compress.tasks.task_data import TaskDataConfig, load_task_data
     from compress.training.loop import encode
 
     try:  # the task's train and dev splits, through the loaders `compress prune` uses

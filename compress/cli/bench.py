@@ -2,7 +2,8 @@ import dataclasses
 
 from compress.cli.common import add_config_args, config_from_args
 from compress.core.errors import UsageError
-from compress.recipes.bench import BenchConfig, BenchOptions, format_bench, run_bench
+from compress.measure.bench import BenchConfig, BenchOptions, format_bench
+from compress.recipes.bench import run_bench
 from compress.recipes.embedding_bench import EmbeddingBenchConfig, format_embedding_bench, run_embedding_bench
 
 HELP = ("benchmark models in PyTorch (eager, fp16/bf16, compiled, int8) and onnxruntime: latency, "

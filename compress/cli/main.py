@@ -139,7 +139,7 @@ def check_sweep_address(argv: list[str]) -> None:
     pre.add_argument("--address")
     known, _ = pre.parse_known_args(argv[1:])
     if known.backend == "ray" and known.address is not None and known.address.strip():
-        from compress.recipes.sweep_backends import check_address
+        from compress.core.sweep_backends import check_address
 
         check_address(known.address)
 

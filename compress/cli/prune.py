@@ -1,12 +1,24 @@
 import dataclasses
 import json
+from pathlib import Path
 
+from compress.api.prune_stages import STAGES, PruneConfig
 from compress.cli.common import add_config_args, config_from_args, explicit_options
+from compress.cli.finetune import finetune_task
 from compress.core.errors import UsageError
 from compress.qa.options import QAOptions
-from compress.recipes.finetune import TaskDataConfig
-from compress.recipes.prune import PruneConfig
-from compress.recipes.prune_run import run_prune
+from compress.recipes.embedding_prune import prune_post_training_embedding
+from compress.recipes.post_training import prune_post_training, prune_post_training_qa
+from compress.recipes.prune import (
+    OTHER_FAMILIES,
+    finetune_workflow_hooks,
+    prune_after_finetune,
+    prune_finetune,
+    prune_pretrain,
+)
+from compress.recipes.speed_family import run_speed_family
+from compress.tasks import get_task
+from compress.tasks.task_data import TaskDataConfig
 
 HELP = ("prune a BERT encoder by magnitude during pre-training, fine-tuning or after it, or once from "
         "calibration data (SparseGPT, Wanda, Fisher-structured)")
@@ -33,6 +45,28 @@ EXAMPLES = """examples:
 then: compress finetune --model RUN (keeps the masks) and compress verify RUN
 """
 HELPS = {"task": "task to fine-tune on (stages finetune/after-finetune)"}  # this command's wording
+
+
+# Which recipe runs a PruneConfig: the stage's (STAGE_RUNS), squad's post-training stage, the task's own
+# fine-tuning recipe with the pruning hooks for squad / reqa, the embedding stage, or a family of
+# --speedup targets.
+STAGE_RUNS = {"pretrain": prune_pretrain, "finetune": prune_finetune, "after-finetune": prune_after_finetune,
+              "post-training": prune_post_training}
+assert tuple(STAGE_RUNS) == STAGES
+
+
+def run_prune(cfg: PruneConfig) -> Path:
+    """Run the configured stage's recipe; returns the finished run folder."""
+    family = get_task(cfg.task).family
+    if len(cfg.speedup) > 1:
+        return run_speed_family(cfg)
+    if family == "embedding":
+        return prune_post_training_embedding(cfg)
+    if cfg.stage == "post-training" and family == "qa":
+        return prune_post_training_qa(cfg)
+    if cfg.stage != "pretrain" and family in OTHER_FAMILIES:
+        return finetune_task(cfg, command="prune", hook_factory=finetune_workflow_hooks(cfg, family))
+    return STAGE_RUNS[cfg.stage](cfg)
 
 
 def add_arguments(parser):

@@ -392,3 +392,20 @@ def teacher_summary(cfg, teacher, model, tokenizer, spec, eval_ds, multilabel: b
     return {"teacher": cfg.teacher, "kd_lambda": cfg.lambda_for(multilabel), "temperature": cfg.temperature,
             "kd_hidden": cfg.kd_hidden, "kd_layers": cfg.kd_layers, "teacher_eval": metrics,
             "agreement_with_teacher": agreement(s_logits, t_logits, multilabel)}
+
+
+def load_span_teacher(cfg, tokenizer) -> torch.nn.Module:
+    """The frozen teacher of a squad run with ``--teacher``: a model fine-tuned on squad (``self``:
+    the model the run starts from) with the student's tokenizer. Checked before any folder exists."""
+    if cfg.objective != "plain":
+        raise UsageError(f"--teacher on squad distils the span logits with --objective plain, not "
+                         f"'{cfg.objective}'; use --objective plain or drop --teacher")
+    hidden = [f"--{n.replace('_', '-')}" for n in ("kd_hidden", "kd_layers") if getattr(cfg, n, 0.0)]
+    if hidden:
+        raise UsageError(f"{', '.join(hidden)} applies to classification tasks; on squad drop it")
+    from compress.qa.evaluation import load_qa_model
+
+    spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
+    teacher, teacher_tok, _ = load_qa_model(spec, require_finetuned=True)
+    check_teacher_fits(teacher_tok, tokenizer, (), (), spec)
+    return teacher.eval().requires_grad_(False)

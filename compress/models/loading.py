@@ -351,7 +351,7 @@ def save_model(model, tokenizer, folder: Path, meta: dict[str, Any]) -> None:
     ``save_pretrained`` also writes its loading code and ``auto_map``
     (``compress.models.modeling_pruned``), so the folder loads with ``trust_remote_code=True`` where
     compress is not installed. The ``README.md`` model card is written by the callers that know
-    the run (``compress.recipes.saving``, ``compress.save_model``)."""
+    the run (``compress.report.saving``, ``compress.save_model``)."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

@@ -13,5 +13,6 @@ Unstructured magnitude pruning (Gordon, Duh & Andrews 2020), as pure pieces plus
 ``fisher_structured`` (the same removal guided by the mask Fisher under a FLOPs target, after Kwon
 et al. 2022; helpers in ``fisher_masks``, ``fisher_search``, ``fisher_tuning``).
 The workflows live in ``compress.recipes.prune`` (while training) and
-``compress.recipes.post_training`` (once, from calibration data).
+``compress.recipes.post_training`` (once, from calibration data; its library pieces in
+``compress.api.post_training``).
 """

@@ -55,10 +55,10 @@ from compress.distill.train import (
     train_student,
 )
 from compress.models.loading import PACKAGED, load_classifier, load_tokenizer, resolve_model
-from compress.recipes.finetune import TaskDataConfig
 from compress.report.distillation import bert_flops_formula, format_table, measure_flops, teacher_agreement
 from compress.tasks import DataOptions, data_dir_from_env
 from compress.tasks.metrics import compute_metrics
+from compress.tasks.task_data import TaskDataConfig
 from compress.training.loop import TrainConfig
 from compress.training.trackers import check_report_to, start_tracking
 from students.registry import build_student, get_student, parse_options, save_student, student_config
@@ -283,7 +283,7 @@ def flops_input_ids(tokenizer, seq_len: int) -> torch.Tensor:
 
 def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
     """Fine-tune the packaged encoder on the task into ``folder`` (a finetune run folder)."""
-    from compress.recipes.finetune import FinetuneConfig, run_finetune
+    from compress.api.finetuning import FinetuneConfig, finetune_classifier
 
     if (folder / "model" / "compress.json").is_file():
         return folder  # resumed run: the teacher is already there
@@ -293,7 +293,7 @@ def _finetune_teacher(cfg: DistillConfig, folder: Path) -> Path:
                         eval_limit=cfg.eval_limit, epochs=cfg.teacher_epochs, lr=cfg.teacher_lr,
                         batch_size=cfg.teacher_batch_size, max_length=cfg.max_length, seed=cfg.seed,
                         out=str(folder))
-    return run_finetune(ft, command="distill-teacher")
+    return finetune_classifier(ft, command="distill-teacher")
 
 
 @dataclass
@@ -396,7 +396,7 @@ def run_distill(cfg: DistillConfig) -> Path:
 def plan_distill(cfg: DistillConfig) -> DistillPlan:
     """Load the task data, split it, and check every option against the student, the task's labels
     and the teacher; nothing is written."""
-    from compress.recipes.finetune import load_task_data
+    from compress.tasks.task_data import load_task_data
 
     entry = get_student(cfg.student)
     options = parse_options(cfg.student_options)
@@ -519,7 +519,7 @@ def _train(cfg: DistillConfig, plan: DistillPlan, teacher, tokenizer, transfer: 
     if emb is not None:
         student.init_embeddings(emb)
     if multilabel:  # as the teacher's head: rare labels start near their frequency, not at 0.5
-        from compress.recipes.finetune import init_bias_to_prior
+        from compress.training.classifier import init_bias_to_prior
 
         init_bias_to_prior(student.output_layer(), train_ds)
     pad_id = tokenizer.pad_token_id or 0

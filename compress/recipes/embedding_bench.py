@@ -31,10 +31,11 @@ import torch
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import ModelError, UsageError
 from compress.core.runs import RunDir, write_json
+from compress.embedding.evaluation import encoder_scorer, load_eval_data
 from compress.embedding.model import Prompts
 from compress.embedding.scores import embedding_scores
-from compress.recipes.bench import parse_entry
-from compress.recipes.embedding import encoder_scorer, load_eval_data, onnx_scorer
+from compress.export.embedding import onnx_scorer
+from compress.measure.bench import parse_entry
 from compress.tasks.base import DataOptions, data_dir_from_env
 from compress.tasks.embedding import EMBEDDING_TASK
 

@@ -22,6 +22,7 @@ import torch
 from compress.core.config import check_range, option, to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
+from compress.embedding.evaluation import encoder_scorer, load_eval_data, refuse_non_embedding_model
 from compress.embedding.model import ST_MODEL_CONFIG, load_sentence_encoder
 from compress.embedding.scores import brief, embedding_scores
 from compress.embedding.static import (
@@ -32,7 +33,6 @@ from compress.embedding.static import (
     AlignConfig,
     distil_static,
 )
-from compress.recipes.embedding import encoder_scorer, load_eval_data, refuse_non_embedding_model
 from compress.tasks.base import DataOptions, data_dir_from_env
 from compress.tasks.embedding import EMBEDDING_TASK, unlabelled_text
 from students.static_embedding import StaticEncoder, save_static

@@ -1,5 +1,6 @@
 """SQuAD fine-tuning and evaluation: load -> features -> train (objective plug-in) -> post-process
--> official EM/F1 -> save. Registered in ``compress.recipes.finetune.FINETUNE_FAMILIES``/``EVAL_FAMILIES``.
+-> official EM/F1 -> save. Registered in ``compress.cli.finetune.FINETUNE_FAMILIES`` and
+``compress.cli.eval.EVAL_FAMILIES``.
 
 Training is the shared loop, ``compress.training.loop.train``: the objective computes the loss
 (``loss_fn=objective.loss``) and is trained beside the model (``extra_modules``: PFA's perturbation
@@ -12,119 +13,24 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
 import torch
 
 from compress.core.config import to_dict
-from compress.core.errors import ModelError, UsageError
 from compress.core.runs import RunDir
-from compress.distill.teacher_kd import TEACHER_SELF, SpanDistillation, answer_agreement, check_teacher_fits
-from compress.models.loading import (
-    announce_new_head,
-    load_pretrained,
-    load_tokenizer,
-    match_tokenizer_inputs,
-    read_meta,
-    resolve_model,
-)
+from compress.distill.teacher_kd import SpanDistillation, answer_agreement, load_span_teacher
+from compress.models.loading import resolve_model
 from compress.pruning.pruner import fine_tuning_hooks
-from compress.qa.features import collate_features, prepare_eval_features, prepare_train_features
+from compress.qa.evaluation import QA_TASK, evaluate_qa, load_qa_data, load_qa_model
+from compress.qa.features import collate_features, prepare_train_features
 from compress.qa.objectives import make_objective
 from compress.qa.options import effective_doc_stride
-from compress.qa.postprocess import postprocess_predictions
-from compress.qa.squad_metric import squad_scores
-from compress.recipes.saving import save_run_model
+from compress.report.saving import save_run_model
 from compress.tasks import get_task
-from compress.tasks.qa import QADataset, load_squad_split
 from compress.training.loop import set_seed, train
 from compress.training.trackers import start_tracking
-
-QA_TASK = "squad"
-
-
-def load_qa_model(spec: str, require_finetuned: bool = False):
-    """``AutoModelForQuestionAnswering`` (outputs start_logits/end_logits); a fresh span head on a
-    plain encoder. ``require_finetuned`` refuses a model that was not fine-tuned on squad."""
-    from transformers import AutoModelForQuestionAnswering
-
-    path = resolve_model(spec)
-    meta = read_meta(path)
-    if require_finetuned and meta.get("task") != QA_TASK:
-        raise ModelError(f"model '{spec}' was not fine-tuned on squad (its task is "
-                         f"{meta.get('task')!r}); pass a run folder of 'compress finetune --task squad'")
-    model = load_pretrained(AutoModelForQuestionAnswering, spec, path, "a question-answering model")
-    if meta.get("task") != QA_TASK:
-        announce_new_head("span start/end (qa_outputs)")
-    return model, match_tokenizer_inputs(load_tokenizer(spec), model), meta
-
-
-def load_span_teacher(cfg, tokenizer) -> torch.nn.Module:
-    """The frozen teacher of a squad run with ``--teacher``: a model fine-tuned on squad (``self``:
-    the model the run starts from) with the student's tokenizer. Checked before any folder exists."""
-    if cfg.objective != "plain":
-        raise UsageError(f"--teacher on squad distils the span logits with --objective plain, not "
-                         f"'{cfg.objective}'; use --objective plain or drop --teacher")
-    hidden = [f"--{n.replace('_', '-')}" for n in ("kd_hidden", "kd_layers") if getattr(cfg, n, 0.0)]
-    if hidden:
-        raise UsageError(f"{', '.join(hidden)} applies to classification tasks; on squad drop it")
-    spec = cfg.model if cfg.teacher == TEACHER_SELF else cfg.teacher
-    teacher, teacher_tok, _ = load_qa_model(spec, require_finetuned=True)
-    check_teacher_fits(teacher_tok, tokenizer, (), (), spec)
-    return teacher.eval().requires_grad_(False)
-
-
-def load_qa_data(cfg, splits: Sequence[str] = ("train", "dev")) -> dict[str, QADataset]:
-    """The requested splits, limited by --train-limit/--eval-limit (questions)."""
-    opts = cfg.data_options()
-    out = {}
-    for s in splits:
-        ds = load_squad_split(opts, s, cfg.split_by_article, cfg.skip_bad_examples)
-        ds = ds.subset(cfg.train_limit if s == "train" else cfg.eval_limit)
-        if len(ds) == 0:
-            from compress.core.errors import DataError
-
-            raise DataError(f"squad: split '{s}' has no questions")
-        out[s] = ds
-    return out
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-@torch.no_grad()
-def predict_spans(model, tokenizer, feats: list[dict], batch_size: int) -> tuple[list, list]:
-    """Start and end logits per window, each trimmed to the window's length."""
-    model.eval()
-    device = _device(model)
-    starts, ends = [], []
-    for i in range(0, len(feats), batch_size):
-        rows = feats[i:i + batch_size]
-        batch = {k: v.to(device) for k, v in collate_features(tokenizer, rows).items()}
-        out = model(**batch)
-        s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
-        for j, r in enumerate(rows):
-            n = len(r["input_ids"])
-            starts.append(s[j, :n])
-            ends.append(e[j, :n])
-    return starts, ends
-
-
-def evaluate_qa(model, tokenizer, ds: QADataset, max_length: int, doc_stride: int, n_best: int = 20,
-                max_answer_length: int = 30, batch_size: int = 64) -> tuple[dict, dict[str, str]]:
-    """Official EM/F1 (percent, as the SQuAD script reports them) of ``model`` on ``ds``; ``score``
-    is F1 as a fraction, the scale of every other task's score (reports and sweeps multiply by
-    100). Returns (metrics, predictions)."""
-    feats = prepare_eval_features(tokenizer, ds.examples, max_length, doc_stride)
-    starts, ends = predict_spans(model, tokenizer, feats, batch_size)
-    preds = postprocess_predictions(ds.examples, feats, starts, ends, n_best, max_answer_length)
-    refs = {e.qid: list(e.answers) for e in ds.examples}
-    m = squad_scores(preds, refs)
-    m.update({"score": m["f1"] / 100.0, "n": len(ds), "windows": len(feats)})
-    return m, preds
 
 
 def finetune_qa(cfg, command: str = "finetune", hook_factory=None, extra_meta: dict | None = None) -> Path:

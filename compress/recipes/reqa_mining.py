@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from compress.api.finetuning import FinetuneConfig
 from compress.core.config import check_choice, check_range, option, option_like
 from compress.core.errors import UsageError
 from compress.models.loading import load_classifier, read_meta, resolve_model
-from compress.recipes.finetune import FinetuneConfig
-from compress.recipes.retrieval import gold_pairs, load_reqa_data, train_and_save_dual_encoder
-from compress.recipes.saving import save_model
+from compress.report.saving import save_model
 from compress.retrieval.bm25 import bm25_order
+from compress.retrieval.finetuning import gold_pairs, load_reqa_data, train_and_save_dual_encoder
 from compress.tasks.base import TextDataset
 from compress.tasks.retrieval import ReQADataset
 from compress.training.loop import encode, make_collate, predict, train

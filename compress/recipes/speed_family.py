@@ -3,7 +3,7 @@ a family of structured models, one per speedup target, from one calibration, com
 
 Reads top to bottom: check -> measure the latency table (cached per machine, runtime and shape) ->
 one Fisher importance on the dense model -> per target, the post-training prune with the
-latency-constrained search (``compress.recipes.post_training.prune_post_training``: its own run folder,
+latency-constrained search (``compress.api.post_training.prune_classifier_once``: its own run folder,
 its recovery steps, its dev score) and the export in the shipping runtime with its dev score ->
 the dense export -> one ``compress bench`` run of the dense model in PyTorch eager fp32, the dense
 export and every member, at batch 1 and at the table's shape -> the report (``family.json``,
@@ -25,20 +25,31 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from compress.api.embedding_prune import (
+    check_embedding_config,
+    load_dense_embedding,
+    load_unlabelled_text,
+    prune_embedding_once,
+)
+from compress.api.post_training import (
+    calibration_batches,
+    load_post_training_data,
+    prune_classifier_once,
+    refuse_pruned_model,
+)
+from compress.api.prune_stages import (
+    PruneConfig,
+    check_latency_shape_fits,
+    latency_shape_from,
+    latency_shape_of,
+)
 from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
+from compress.embedding.evaluation import load_eval_data
 from compress.models.loading import resolve_model
 from compress.pruning.criteria import STRUCTURED_SEARCHES
 from compress.pruning.structured import layer_sizes
-from compress.recipes.finetune import load_task_data
-from compress.recipes.post_training import (
-    calibration_batches,
-    prune_post_training,
-    read_calibration_text,
-    refuse_pruned_model,
-)
-from compress.recipes.prune import PruneConfig, check_latency_shape_fits, latency_shape_from, latency_shape_of
 from compress.tasks import get_task
 
 # a member is one target: the family's own options go back to their defaults in its config
@@ -64,8 +75,6 @@ def check_family(cfg: PruneConfig) -> None:
         raise UsageError(f"a --speedup family is scored on classification and embedding tasks; task "
                          f"'{cfg.task}' is neither: give one target (--speedup X) for it")
     if family == "embedding":
-        from compress.recipes.embedding_prune import check_embedding_config
-
         check_embedding_config(cfg)
     else:
         refuse_pruned_model(Path(resolve_model(cfg.model)))  # before the latency table and calibration
@@ -85,7 +94,7 @@ def run_speed_family(cfg: PruneConfig) -> Path:
     with RunDir("prune", name=cfg.name or f"{spec.name}-speed-family", out=cfg.out) as run:
         run.write_config(to_dict(cfg))
         run.write_env(cfg.seed)
-        module, batches, importance = dense_model(cfg)
+        module, batches, importance, task = dense_model(cfg)  # the task's data, read once for all members
         batch, tokens = latency_shape_of(cfg.latency_shape, batches, cfg.max_length)
         shape_from = latency_shape_from(cfg.latency_shape)
         cfg = replace(cfg, latency_shape=f"{batch}x{tokens}")  # the members aim at the same shape
@@ -98,7 +107,7 @@ def run_speed_family(cfg: PruneConfig) -> Path:
         gradual = cfg.family_mode == "gradual" and spec.family != "embedding"
         members, start = [], cfg.model
         for x in cfg.speedup:
-            members.append(_member(cfg, run.path, x, fisher, start, dense_sizes))
+            members.append(_member(cfg, run.path, x, fisher, start, dense_sizes, task))
             if gradual:  # the next target starts from this member, with an importance of its own
                 start, fisher = str(run.path / members[-1]["run"]), None
         for m in members:
@@ -111,32 +120,35 @@ def run_speed_family(cfg: PruneConfig) -> Path:
 
 
 def _classifier_dense(cfg: PruneConfig):
-    """(the dense classifier, its calibration batches, its Fisher importance when called)."""
+    """(the dense classifier, its calibration batches, its Fisher importance when called, the task's
+    data that every member is pruned, recovered and scored on)."""
     from compress.models.loading import load_classifier
     from compress.pruning.fisher_masks import fisher_importance
     from compress.pruning.integrity import check_finite_parameters
     from compress.training.loop import encode, set_seed
 
-    lines = read_calibration_text(cfg)
-    _, data = load_task_data(cfg)
+    task = load_post_training_data(cfg)
+    lines, data = task.lines, task.data
     set_seed(cfg.seed)
     model, tokenizer, _ = load_classifier(cfg.model, data["train"].label_names,
                                           multilabel=data["train"].multilabel, strict_labels=True)
     check_finite_parameters(model, cfg.model)
     batches = calibration_batches(cfg, tokenizer, encode(tokenizer, data["train"], cfg.max_length), lines)
-    return model, batches, lambda: _importance(cfg, model, batches, fisher_importance)
+    return model, batches, lambda: _importance(cfg, model, batches, fisher_importance), task
 
 
 def _embedding_dense(cfg: PruneConfig):
     """(the dense sentence encoder's Hugging Face model, the calibration batches of unlabelled text,
-    the Fisher of the distance to its embeddings when called), as ``compress prune --task embedding``
+    the Fisher of the distance to its embeddings when called, the scored sets and the unlabelled text
+    that every member is pruned, recovered and scored on), as ``compress prune --task embedding``
     builds them."""
     from compress.embedding.losses import embedding_fisher
-    from compress.recipes.embedding_prune import load_dense_embedding
 
-    model, _, _, batches, _ = load_dense_embedding(cfg)
+    texts = load_unlabelled_text(cfg)
+    model, _, _, batches, _ = load_dense_embedding(cfg, texts)
     return model.encoder, batches, lambda: _importance(
-        cfg, model.encoder, batches, lambda m, b: embedding_fisher(model, b, seed=cfg.seed))
+        cfg, model.encoder, batches, lambda m, b: embedding_fisher(model, b, seed=cfg.seed)), (
+        load_eval_data(cfg), texts)
 
 
 def _importance(cfg: PruneConfig, module, batches: list[dict], fisher):
@@ -152,9 +164,9 @@ def _importance(cfg: PruneConfig, module, batches: list[dict], fisher):
 
 
 def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher, start: str,
-            dense_sizes: tuple[list[int], list[int]]) -> dict[str, Any]:
+            dense_sizes: tuple[list[int], list[int]], task) -> dict[str, Any]:
     """One target: the post-training prune of ``start`` (the dense model, or the previous member of a
-    gradual family; its own run folder) and its shipped form."""
+    gradual family; its own run folder) on the family's ``task`` data, and its shipped form."""
     import time
 
     from compress.distill.teacher_kd import TEACHER_SELF
@@ -166,11 +178,11 @@ def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher, start: st
     print(f"member {target:g}x: pruning {'the dense model' if start == cfg.model else Path(start).name}",
           flush=True)
     if get_task(cfg.task).family == "embedding":
-        from compress.recipes.embedding_prune import prune_post_training_embedding
-
-        path = prune_post_training_embedding(member_cfg, fisher=fisher)
+        check_embedding_config(member_cfg)
+        path = prune_embedding_once(member_cfg, *task, fisher=fisher)
     else:
-        path = prune_post_training(member_cfg, fisher=fisher, dense_sizes=dense_sizes)
+        check_latency_shape_fits(member_cfg)
+        path = prune_classifier_once(member_cfg, task, fisher=fisher, dense_sizes=dense_sizes)
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     s = summary["structured"]
     shipped = _ship(cfg, str(path), path / f"model-{cfg.latency_runtime}.onnx")
@@ -194,12 +206,12 @@ def _member(cfg: PruneConfig, family_dir: Path, target: float, fisher, start: st
 def _ship(cfg: PruneConfig, model: str, to: Path) -> dict[str, Any]:
     """``model`` in the shipping runtime: the export to ``to`` (with its dev score), or the model
     folder itself for the PyTorch runtime."""
-    from compress.recipes.export import ExportConfig, run_export
+    from compress.export.model_export import ExportConfig, export_model
 
     options, _ = SHIPPING[cfg.latency_runtime]
     if options is None:
         return {"path": model, "score": None}
-    report = run_export(ExportConfig(model=model, to=str(to), task=cfg.task, data_dir=cfg.data_dir,
+    report = export_model(ExportConfig(model=model, to=str(to), task=cfg.task, data_dir=cfg.data_dir,
                                      eval_limit=cfg.eval_limit, max_length=cfg.max_length,
                                      split_by_article=cfg.split_by_article, **options))
     acc = report["accuracy"]
@@ -210,13 +222,13 @@ def _ship(cfg: PruneConfig, model: str, to: Path) -> dict[str, Any]:
 
 def _bench(cfg: PruneConfig, family_dir: Path, dense: dict, members: list[dict], batch: int,
            tokens: int) -> dict[str, Any]:
-    from compress.recipes.bench import BenchConfig, run_bench
+    from compress.measure.bench import BenchConfig, bench_models
 
     _, provider = SHIPPING[cfg.latency_runtime]
     entries = [f"dense-eager-fp32={cfg.model}", f"dense-{cfg.latency_runtime}={dense['path']}"]
     entries += [f"{m['label']}={m['shipped']['path']}" for m in members]
     # at the table's shape, and at 128 tokens for comparison with the usual benchmark shape
-    return run_bench(BenchConfig(models=tuple(entries), batch_sizes=tuple(sorted({1, batch})),
+    return bench_models(BenchConfig(models=tuple(entries), batch_sizes=tuple(sorted({1, batch})),
                                  seq_lens=tuple(sorted({tokens, 128})), runtimes=("torch",),
                                  provider=provider,
                                  out=str(family_dir / "bench")))

@@ -48,7 +48,7 @@ from compress.core.config import check_range, option, to_dict
 from compress.core.errors import DataError, UsageError
 from compress.core.runs import artifacts_root, write_json
 from compress.core.security import resolve_out
-from compress.recipes.sweep_backends import BACKENDS, check_address, import_ray, make_backend, runner_prefix
+from compress.core.sweep_backends import BACKENDS, check_address, import_ray, make_backend, runner_prefix
 
 
 @dataclass(frozen=True)

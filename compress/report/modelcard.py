@@ -3,7 +3,7 @@
 A card is YAML metadata between ``---`` lines (``base_model``, ``library_name``, ``tags`` such as
 ``pruned``/``distilled``, ``pipeline_tag``, and a ``model-index`` with the task's metrics) followed
 by Markdown: results, the sparsity table, FLOPs per example, the command that made the model and
-its resolved config. Every recipe writes it beside the model it saves (``compress.recipes.saving``),
+its resolved config. Every recipe writes it beside the model it saves (``compress.report.saving``),
 and so does the Python API's ``compress.save_model``, so a folder pushed to a hub explains itself.
 
 What the card says comes from the model in memory (sparsity, FLOPs) and from the folder's

@@ -154,7 +154,7 @@ def test_unlabeled_examples_join_the_transfer_set_with_teacher_labels(teacher_ru
 
     from compress.distill.teacher import CACHE_DIR, read_cache
     from compress.recipes.distill import DistillConfig
-    from compress.recipes.finetune import load_task_data
+    from compress.tasks.task_data import load_task_data
 
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",
@@ -188,7 +188,7 @@ def test_augmentation_operator_flags_reach_the_transfer_set(teacher_run, tmp_pat
     from compress.distill.augment import AugmentConfig, augment_texts, split_words
     from compress.distill.teacher import CACHE_DIR, read_cache, teacher_fingerprint, transfer_key
     from compress.recipes.distill import DistillConfig
-    from compress.recipes.finetune import load_task_data
+    from compress.tasks.task_data import load_task_data
 
     out = tmp_path / "run"
     r = run_cli("distill", "--student", "logreg", "--teacher", str(teacher_run), "--epochs", "1",

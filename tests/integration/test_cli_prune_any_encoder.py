@@ -252,7 +252,7 @@ def test_heads_of_a_discovered_type_it_cannot_resize_are_refused_before_data_and
 
 def test_a_trial_fusion_that_breaks_parity_is_dropped_for_a_discovered_type_only(
         ernie_finetuned, tiny_encoder, tmp_path, monkeypatch):
-    import compress.recipes.export as export
+    import compress.export.model_export as export
     from compress.core.errors import ParityError
 
     real = export.check_parity

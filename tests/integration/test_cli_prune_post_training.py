@@ -290,7 +290,7 @@ def test_a_model_with_non_finite_weights_is_refused_before_any_work(finetuned, t
                                                                       monkeypatch):
     import shutil
 
-    import compress.recipes.post_training as post_training
+    import compress.api.post_training as post_training
 
     monkeypatch.setattr(post_training, "evaluate_classifier", lambda *a, **k: pytest.fail("scored"))
     bad = tmp_path / "bad"
@@ -317,7 +317,7 @@ def test_a_model_with_non_finite_weights_is_refused_before_any_work(finetuned, t
 ])
 def test_flags_post_training_would_ignore_are_refused_before_loading(args, words, tmp_path, capsys,
                                                                       monkeypatch):
-    import compress.recipes.post_training as post_training
+    import compress.api.post_training as post_training
 
     monkeypatch.setattr(post_training, "load_task_data", lambda *a, **k: pytest.fail("loaded"))
     code = main(["prune", "--stage", "post-training", "--model", "minilm", *args, "--out",
@@ -334,7 +334,7 @@ def test_flags_post_training_would_ignore_are_refused_before_loading(args, words
 ])
 def test_calibration_and_target_errors_come_before_the_dense_model_is_scored(args, code, words, finetuned,
                                                                              tmp_path, capsys, monkeypatch):
-    import compress.recipes.post_training as post_training
+    import compress.api.post_training as post_training
 
     monkeypatch.setattr(post_training, "evaluate_classifier", lambda *a, **k: pytest.fail("scored first"))
     args = [str(tmp_path / a) if a == "missing.txt" else a for a in args]

@@ -62,8 +62,8 @@ def test_auto_latency_shape_aims_at_the_calibration_lengths(finetuned, tmp_path,
 def test_auto_latency_shape_is_the_rounded_up_quantile_of_the_attention_masks():
     import torch
 
+    from compress.api.prune_stages import latency_shape_of
     from compress.core.errors import UsageError
-    from compress.recipes.prune import latency_shape_of
 
     def batch(lengths):
         return {"attention_mask": torch.tensor([[1] * n + [0] * (40 - n) for n in lengths])}

@@ -55,7 +55,7 @@ def ray_cluster():
 def test_the_real_gcs_answers_the_grpc_greeting(ray_cluster, monkeypatch):
     """``check_address`` against Ray itself: a running cluster's GCS answers the HTTP/2 greeting
     with its SETTINGS frame (the refusals are tested on stand-in listeners in test_sweep.py)."""
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_USE_TLS", raising=False)
     check_address(ray_cluster)
@@ -190,7 +190,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_sweep_folder_the_nodes_cannot_see_is_refused(ray_cluster, tmp_path, monkeypatch):
-    import compress.recipes.sweep_backends as backends
+    import compress.core.sweep_backends as backends
 
     monkeypatch.setattr(backends, "write_token", lambda path, token: None)  # the token never lands
     script = tmp_path / "fake_cell.py"

@@ -224,7 +224,7 @@ def test_save_model_writes_what_verify_reads_and_a_card(bert_parts, tmp_path):
 
 
 def test_save_model_in_a_run_folder_cards_the_last_eval_and_the_config(bert_parts, tmp_path):
-    from compress.recipes.saving import save_model
+    from compress.report.saving import save_model
 
     config, tokenizer = bert_parts
     run = tmp_path / "run"

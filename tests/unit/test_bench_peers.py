@@ -14,7 +14,7 @@ from compress.export.loading import LoadedModel, load_torch_model
 from compress.export.onnx import export_onnx
 from compress.export.optimize import optimize_onnx
 from compress.export.precision import convert_to_half
-from compress.recipes.bench import (
+from compress.measure.bench import (
     PEER_ATOL,
     RUNTIMES,
     TORCH_PEERS,
@@ -23,9 +23,9 @@ from compress.recipes.bench import (
     check_peer_parity,
     format_bench,
     onnx_precision,
-    run_bench,
     torch_peer,
 )
+from compress.recipes.bench import run_bench
 from compress.recipes.export import ExportConfig, run_export
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -130,7 +130,7 @@ def test_onnx_rows_say_their_precision_and_token_range_through_fused_embeddings(
 
 
 def test_two_four_linears_are_found_and_torch_sparse_says_why_not_on_a_cpu():
-    from compress.recipes.bench import semi_structured_unavailable, two_four_linears
+    from compress.measure.bench import semi_structured_unavailable, two_four_linears
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
@@ -158,7 +158,7 @@ def test_torch_sparse_peer_runs_a_two_four_model_on_the_gpu():
     from transformers import BertConfig, BertForSequenceClassification
 
     from compress.export.loading import LoadedModel as LM
-    from compress.recipes.bench import semi_structured_unavailable, two_four_linears
+    from compress.measure.bench import semi_structured_unavailable, two_four_linears
 
     if semi_structured_unavailable("cuda"):
         pytest.skip(semi_structured_unavailable("cuda"))

@@ -36,11 +36,11 @@ def test_every_option_has_help_text_and_one_default(command):
 
 
 CONFIG_CLASSES = [
-    "compress.recipes.prune:PruneConfig", "compress.recipes.finetune:FinetuneConfig",
+    "compress.api.prune_stages:PruneConfig", "compress.api.finetuning:FinetuneConfig",
     "compress.recipes.finetune:EvalConfig", "compress.recipes.distill:DistillConfig",
     "compress.recipes.reqa_mining:ReQAMiningConfig", "compress.recipes.sweep:SweepConfig",
-    "compress.recipes.export:ExportConfig", "compress.recipes.measure:MeasureConfig",
-    "compress.recipes.bench:BenchOptions",
+    "compress.export.model_export:ExportConfig", "compress.recipes.measure:MeasureConfig",
+    "compress.measure.bench:BenchOptions",
 ]
 
 

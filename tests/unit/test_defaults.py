@@ -21,12 +21,12 @@ def _default(cls, name):
 
 def test_schedule_power_and_temperature_defaults_come_from_one_place():
     import compress
+    from compress.api.prune_stages import PruneConfig
     from compress.distill.teacher_kd import TeacherKDOptions
     from compress.distill.train import StudentTrainConfig
     from compress.integrations.hf_trainer import DistillationTrainer, PruningCallback
     from compress.pruning.schedules import GradualSchedule
     from compress.recipes.distill import DistillConfig
-    from compress.recipes.prune import PruneConfig
 
     assert DEFAULT_POWER == 3.0 and DEFAULT_TEMPERATURE == 1.0  # Zhu & Gupta's cubic; plain softmax
     assert _default(PruneConfig, "schedule_power") == DEFAULT_POWER
@@ -43,8 +43,8 @@ def test_schedule_power_and_temperature_defaults_come_from_one_place():
 @pytest.mark.parametrize("value", [-0.1, 1.0, 1.5, float("nan")])
 def test_every_sparsity_entry_point_refuses_the_same_values(value, tiny_bert):
     import compress
+    from compress.api.prune_stages import PruneConfig
     from compress.pruning.schedules import GradualSchedule, OneShotSchedule
-    from compress.recipes.prune import PruneConfig
 
     with pytest.raises(UsageError, match="--sparsity must be in \\[0, 1\\)"):
         check_sparsity(value)

@@ -9,10 +9,10 @@ import torch
 
 from compress.export.inputs import declared_inputs
 from compress.export.loading import LoadedModel
+from compress.export.model_export import ort_accuracy
 from compress.export.onnx import export_onnx
 from compress.models.loading import load_classifier
-from compress.recipes.export import ort_accuracy
-from compress.recipes.finetune import TaskDataConfig, load_task_data
+from compress.tasks.task_data import TaskDataConfig, load_task_data
 from compress.training.evaluation import evaluate, torch_logits_fn
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -430,7 +430,7 @@ def test_onnx_parameter_groups_are_pytorchs(tiny_bert, tmp_path):
 def test_bench_token_range_is_the_word_table_of_each_onnx_file(tiny_bert, tmp_path):
     # The tiny BERT gathers from a 30522-row word table and a 512-row position table; benchmark
     # inputs must draw ids from the word table (the position table gave every id = 511).
-    from compress.recipes.bench import _onnx_vocab
+    from compress.measure.bench import _onnx_vocab
 
     loaded = load_torch_model(str(tiny_bert))
     path = export_onnx(loaded, tmp_path / "m.onnx")

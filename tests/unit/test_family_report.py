@@ -38,7 +38,7 @@ def test_the_table_names_the_shipped_form():
 
 
 def _family_cfg(out, **kw):
-    from compress.recipes.prune import PruneConfig
+    from compress.api.prune_stages import PruneConfig
 
     values = dict(task="sst2", stage="post-training", structured=("heads", "ffn"), criterion="fisher",
                   speedup=(2.0, 3.0, 4.0), latency_shape="4x24", max_length=64, out=str(out))
@@ -71,8 +71,8 @@ def test_the_family_report_names_the_fastest_by_its_shipped_score_within_max_dro
 def test_the_family_benches_at_the_latency_tables_shape_not_max_length(tiny_bert, tmp_path, monkeypatch):
     """Everything but the order of the recipe is stubbed: the latency table is taken at the
     --latency-shape's 24 tokens (--max-length is 64), and the bench and the report use that shape."""
+    import compress.measure.bench as bench
     import compress.measure.latency_table as lt
-    import compress.recipes.bench as bench_recipe
     import compress.recipes.speed_family as sf
     from tests.unit.test_empty_blocks import tiny_classifier
 
@@ -86,19 +86,19 @@ def test_the_family_benches_at_the_latency_tables_shape_not_max_length(tiny_bert
         seen["table"] = (runtime, batch, tokens)
         return Table()
 
-    def member(cfg, family_dir, target, fisher, start, dense_sizes):
+    def member(cfg, family_dir, target, fisher, start, dense_sizes, task):
         return {"label": f"{target:g}x", "run": f"speedup-{target:g}x", "started_from": start, "seconds": 1.0,
                 "shipped": {"path": str(family_dir / f"{target:g}x.onnx")}}
 
-    def run_bench(cfg):
+    def bench_models(cfg):
         seen["bench"] = cfg
         return {"rows": [], "run_dir": str(tmp_path / "bench")}
 
-    monkeypatch.setattr(sf, "_classifier_dense", lambda cfg: (tiny_classifier(), [], lambda: None))
+    monkeypatch.setattr(sf, "_classifier_dense", lambda cfg: (tiny_classifier(), [], lambda: None, None))
     monkeypatch.setattr(lt, "latency_table", table)
     monkeypatch.setattr(sf, "_member", member)
     monkeypatch.setattr(sf, "_ship", lambda cfg, model, to: {"path": str(to), "score": 0.5})
-    monkeypatch.setattr(bench_recipe, "run_bench", run_bench)
+    monkeypatch.setattr(bench, "bench_models", bench_models)
     monkeypatch.setattr(sf, "_report", lambda *args: seen.setdefault("report", args[-2:]))
     sf.run_speed_family(_family_cfg(tmp_path / "out", model=str(tiny_bert), speedup=(2.0, 3.0)))
     assert seen["table"] == ("ort-int8", 4, 24)

@@ -71,7 +71,7 @@ def _check_types(cfg) -> None:
 
 
 def test_commands_expose_their_configs():
-    assert "compress.recipes.finetune.FinetuneConfig" in CONFIGS
+    assert "compress.api.finetuning.FinetuneConfig" in CONFIGS
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -99,7 +99,7 @@ def yaml_text(draw) -> bytes:
         return draw(st.binary(max_size=60))
     if kind == 1:
         return draw(st.text(max_size=60)).encode("utf-8", "surrogatepass")
-    names = st.sampled_from(_fields(CONFIGS["compress.recipes.finetune.FinetuneConfig"]))
+    names = st.sampled_from(_fields(CONFIGS["compress.api.finetuning.FinetuneConfig"]))
     doc = draw(st.one_of(VALUE, st.dictionaries(names, VALUE, max_size=5)))
     text = yaml.safe_dump(doc, allow_unicode=draw(st.booleans()))
     if kind == 3:
@@ -176,7 +176,7 @@ def test_a_multi_line_error_message_is_printed_as_one_line(capsys, monkeypatch):
     def boom(cfg):
         raise UsageError("first line\nsecond line\u2028third " + "x" * 5000)
 
-    monkeypatch.setattr(cli_finetune, "run_finetune", boom)
+    monkeypatch.setattr(cli_finetune, "finetune_task", boom)
     assert main(["finetune"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "first line second line third" in err[0]

@@ -104,9 +104,9 @@ def test_those_flags_pass_where_they_apply():
 
 def _refusal(argv, config: dict | None = None, tmp_path=None):
     """What cli.prune's check says of ``argv`` (and a --config file), without running anything."""
+    from compress.api.prune_stages import PruneConfig
     from compress.cli.common import config_from_args, explicit_options
     from compress.cli.prune import refuse_ignored_options
-    from compress.recipes.prune import PruneConfig
 
     if config is not None:
         path = tmp_path / "c.yaml"
@@ -121,8 +121,8 @@ def _refusal(argv, config: dict | None = None, tmp_path=None):
 
 
 def test_defaults_and_what_applies_are_never_refused(tmp_path):
+    from compress.api.prune_stages import PruneConfig
     from compress.core.config import to_dict
-    from compress.recipes.prune import PruneConfig
 
     assert _refusal(["--stage", "pretrain", "--corpus", "c.txt", "--schedule", "oneshot"]) is None
     assert _refusal(["--structured", "heads,ffn", "--schedule", "oneshot", "--stage", "after-finetune"]
@@ -152,7 +152,7 @@ def test_kd_layers_without_a_teacher_is_refused(tiny_bert, tmp_path, capsys, com
 def test_kd_layers_on_squad_is_refused_before_the_teacher_loads():
     from types import SimpleNamespace
 
-    from compress.recipes.qa import load_span_teacher
+    from compress.distill.teacher_kd import load_span_teacher
 
     for kd, needle in (({"kd_layers": 1.0}, "--kd-layers applies"),
                        ({"kd_hidden": 1.0, "kd_layers": 1.0}, "--kd-hidden, --kd-layers applies")):

@@ -306,7 +306,7 @@ def test_the_speedup_path_holds_the_tuned_scales_within_the_bound():
 
 def test_the_prune_recipe_passes_its_scale_bound_on_the_speedup_path(monkeypatch):
     import compress.measure.latency_table as lt
-    from compress.recipes.prune import PruneConfig, run_structured
+    from compress.api.prune_stages import PruneConfig, structured_prune
     from tests.unit.test_latency_table import hand_table
 
     shapes = []
@@ -314,7 +314,7 @@ def test_the_prune_recipe_passes_its_scale_bound_on_the_speedup_path(monkeypatch
         (runtime, batch, tokens)) or dataclasses.replace(hand_table(), num_layers=3))
     cfg = PruneConfig(stage="post-training", structured=("heads", "ffn"), criterion="fisher", speedup=(1.5,),
                       latency_shape="2x12", scale_bound=1.0)
-    report = run_structured(tiny_classifier(), cfg, _batches())
+    report = structured_prune(tiny_classifier(), cfg, _batches())
     assert shapes == [("ort-int8", 2, 12)]
     assert report["scale_bound"] == 1.0 and report["tuned"]
     assert max(abs(s) for masks in report["head_masks"] + report["neuron_masks"] for s in masks) <= 1.0 + 1e-6

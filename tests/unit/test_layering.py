@@ -325,3 +325,48 @@ def test_a_folder_circle_made_by_an_import_inside_a_function_is_found(tmp_path, 
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     graph = {a: set(bs) for a, bs in folder_graph(module_graph(sorted(pkg.rglob("*.py")))).items()}
     assert import_cycles(graph) == [["measure", "pruning"]]
+
+
+# Recipe modules that may import another recipe, each with the reason (also written in the module):
+# none today. A recipe is a script over the library; what two recipes share is a library function.
+RECIPE_IMPORT_EXCEPTIONS: dict[str, set[str]] = {}
+
+
+def recipe_to_recipe_imports(graph: dict[str, set[str]],
+                             allowed: dict[str, set[str]] | None = None) -> list[str]:
+    """``a imports b`` for each import (inside functions too) from one module of compress/recipes/ to
+    another, less those ``allowed`` lists (module -> the recipes it may import)."""
+    allowed = RECIPE_IMPORT_EXCEPTIONS if allowed is None else allowed
+
+    def recipe(module: str) -> bool:
+        return module.startswith("compress.recipes.")
+
+    return [f"{a} imports {b}" for a, targets in sorted(graph.items()) if recipe(a)
+            for b in sorted(targets) if recipe(b) and b not in allowed.get(a, set())]
+
+
+def test_no_recipe_imports_another_recipe():
+    """Recipes use the library, never another recipe (torchtune's rule): the CLI picks among them."""
+    graph = module_graph(_library_files())
+    assert {"compress.recipes.prune", "compress.recipes.speed_family"} <= set(graph)
+    bad = recipe_to_recipe_imports(graph)
+    assert not bad, "recipes importing recipes (move what they share into the library):\n" + "\n".join(bad)
+    for a, targets in RECIPE_IMPORT_EXCEPTIONS.items():  # an exception names real modules
+        assert a in graph and targets <= set(graph), (a, targets)
+
+
+def test_a_recipe_importing_a_recipe_inside_a_function_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "compress"
+    (pkg / "recipes").mkdir(parents=True)
+    for f in ("__init__.py", "recipes/__init__.py", "recipes/prune.py"):
+        (pkg / f).write_text("")
+    (pkg / "recipes" / "family.py").write_text(
+        "from compress.recipes import prune\ndef f():\n    from .prune import x\n    return x\n")
+    (pkg / "recipes" / "bench.py").write_text("def f():\n    import compress.recipes.family\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    graph = module_graph(sorted(pkg.rglob("*.py")))
+    assert recipe_to_recipe_imports(graph) == ["compress.recipes.bench imports compress.recipes.family",
+                                               "compress.recipes.family imports compress.recipes.prune"]
+    allowed = {"compress.recipes.family": {"compress.recipes.prune"}}
+    assert recipe_to_recipe_imports(graph, allowed) == [
+        "compress.recipes.bench imports compress.recipes.family"]

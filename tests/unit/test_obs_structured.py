@@ -253,7 +253,7 @@ def test_a_non_finite_model_is_refused_before_any_change():
 
 
 def test_a_structured_target_without_a_criterion_goes_to_the_reconstruction():
-    from compress.recipes.prune import PruneConfig
+    from compress.api.prune_stages import PruneConfig
 
     for target in ({"flops_reduction": 0.3}, {"speedup": (2.0,)}):
         cfg = PruneConfig(stage="post-training", structured=("heads", "ffn"), **target)

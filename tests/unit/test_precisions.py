@@ -10,7 +10,7 @@ import pytest
 from compress.export.loading import load_torch_model
 from compress.export.onnx import export_onnx
 from compress.export.precision import PRECISION_CHOICES, PRECISIONS, QUANTIZE_CHOICES
-from compress.recipes.bench import RUNTIMES, onnx_precision
+from compress.measure.bench import RUNTIMES, onnx_precision
 from compress.recipes.export import ExportConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -133,7 +133,7 @@ def test_broken_groups_names_the_first():
 
 
 def test_prune_config_sets_sparsity_and_refuses_conflicts():
-    from compress.recipes.prune import PruneConfig
+    from compress.api.prune_stages import PruneConfig
 
     cfg = PruneConfig(pattern="2 : 4")
     assert (cfg.pattern, cfg.sparsity) == ("2:4", 0.5)

@@ -437,7 +437,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("scheme, fix", [("", "ray start --head --port="),
                                          ("ray://", "--ray-client-server-port=")])
 def test_a_dead_address_is_refused_in_one_line_within_seconds(scheme, fix, monkeypatch):
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     port = _closed_port()
@@ -502,7 +502,7 @@ def _settings(flags: int):  # an (empty) SETTINGS frame: what a gRPC server send
     (_settings(1), "something there answered the HTTP/2 greeting with b'\\x00\\x00\\x00\\x04\\x01"),  # an ACK
 ])
 def test_an_address_where_something_else_listens_is_refused_within_the_timeout(reply, why, monkeypatch):
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_USE_TLS", raising=False)
@@ -517,7 +517,7 @@ def test_an_address_where_something_else_listens_is_refused_within_the_timeout(r
 
 
 def test_a_grpc_greeting_passes_and_tls_clusters_are_only_connected_to(monkeypatch):
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_USE_TLS", raising=False)
@@ -530,7 +530,7 @@ def test_a_grpc_greeting_passes_and_tls_clusters_are_only_connected_to(monkeypat
 
 
 def test_ray_address_overrides_an_unset_address_as_it_does_for_ray_init(monkeypatch):
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     port = _closed_port()
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
@@ -544,7 +544,7 @@ def test_auto_without_a_cluster_or_with_a_stale_one_is_refused(monkeypatch):
     pytest.importorskip("ray")
     import ray._private.services as services
 
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
@@ -563,7 +563,7 @@ def test_auto_without_a_cluster_or_with_a_stale_one_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["http://head:6379", "head:port"])
 def test_a_malformed_address_is_a_usage_error(bad):
-    from compress.recipes.sweep_backends import check_address
+    from compress.core.sweep_backends import check_address
 
     with pytest.raises(UsageError, match=f"--address {bad}"):
         check_address(bad)
@@ -604,7 +604,7 @@ def _node(cpus, gpus=0.0, ip="10.0.0.1", alive=True):
 
 
 def test_a_cell_larger_than_every_node_is_refused_naming_the_largest():
-    from compress.recipes.sweep_backends import check_cell_fits
+    from compress.core.sweep_backends import check_cell_fits
 
     nodes = [_node(8, ip="10.0.0.1"), _node(4, 1, ip="10.0.0.2"), _node(64, 8, ip="10.0.0.9", alive=False)]
     check_cell_fits(nodes, 8, 0)

@@ -20,8 +20,8 @@ import pytest
 
 import compress.recipes.sweep as sweep_recipe
 from compress.core.errors import CompressError
+from compress.core.sweep_backends import Ended, runner_prefix
 from compress.recipes.sweep import SweepConfig, build_plan, clean_unfinished, is_finished, run_sweep
-from compress.recipes.sweep_backends import Ended, runner_prefix
 
 PRETRAIN, FINETUNE = "pt-magnitude-s30", "ft-sst2-magnitude-s30-lr5e-05"  # FINETUNE needs PRETRAIN
 

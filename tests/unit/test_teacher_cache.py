@@ -57,7 +57,8 @@ def test_cache_source_reused_or_refused(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_teacher(tiny_bert, tmp_path_factory):
     """A tiny BERT fine-tuned by compress on the sample task (2 steps): a valid teacher folder."""
-    from compress.recipes.finetune import FinetuneConfig, run_finetune
+    from compress.api.finetuning import FinetuneConfig
+    from compress.recipes.finetune import run_finetune
 
     out = tmp_path_factory.mktemp("teacher") / "run"
     return run_finetune(FinetuneConfig(model=str(tiny_bert), max_steps=2, batch_size=8, max_length=32,

@@ -213,9 +213,9 @@ def test_one_recovery_step_with_kd_layers_on_a_tiny_pruned_bert(tiny_bert):
 
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
+    from compress.api.prune_stages import PruneConfig
     from compress.distill.teacher_kd import teacher_training
     from compress.pruning.structured import prune_structured
-    from compress.recipes.prune import PruneConfig
     from compress.training.loop import TrainConfig, make_collate, train
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)

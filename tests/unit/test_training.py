@@ -401,8 +401,8 @@ def test_multilabel_head_bias_starts_at_the_label_prior():
 
     import torch
 
-    from compress.recipes.finetune import init_bias_to_prior
     from compress.tasks.base import TextDataset
+    from compress.training.classifier import init_bias_to_prior
 
     ds = TextDataset(["a", "b", "c", "d"], [[0], [0, 1], [0], [2]], ("x", "y", "z"), multilabel=True)
     head = torch.nn.Linear(4, 3)
@@ -420,8 +420,8 @@ def test_head_lr_and_label_prior_reach_every_architectures_head(arch):
     multi-label prior goes into the Linear that makes the logits."""
     from transformers import AutoModelForSequenceClassification
 
-    from compress.recipes.finetune import classifier_output_layer, init_bias_to_prior, label_prior_logits
     from compress.tasks.base import TextDataset
+    from compress.training.classifier import classifier_output_layer, init_bias_to_prior, label_prior_logits
     from compress.training.loop import TrainConfig, param_groups
     from tests.tiny_encoders import build
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from compress.api.prune_stages import PruneConfig
 from compress.core.errors import UsageError
 from compress.distill.teacher_kd import TeacherLogitsLoss, teacher_logits_collate, teacher_training
 from compress.distill.transfer import HAS_LABEL, teacher_only, transfer_extras
-from compress.recipes.prune import PruneConfig
 from compress.tasks.base import TextDataset
 
 LABELS = ("neg", "pos")
