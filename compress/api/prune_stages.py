@@ -167,6 +167,7 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
     def __post_init__(self):
         TrainConfig.__post_init__(self)
         QAOptions.__post_init__(self)
+        self._refuse_logit_kd_of_embeddings()  # before the generic check would ask for a --teacher
         TeacherKDOptions.__post_init__(self)
         for lim in ("train_limit", "eval_limit"):
             v = getattr(self, lim)
@@ -282,6 +283,26 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
             raise UsageError("--stage post-training runs in minutes and does not resume; run it again "
                              "without --resume")
         refuse_post_training_flags(self)
+
+    def _refuse_logit_kd_of_embeddings(self) -> None:
+        """--kd-lambda, --kd-hidden and --temperature weigh a KD term over logits; a sentence-embedding
+        model has none, so for --task embedding they are refused with that reason (the fix is to drop
+        them, not to add a --teacher)."""
+        from compress.distill.losses import DEFAULT_TEMPERATURE
+
+        given = [f"--{n.replace('_', '-')}" for n, default in
+                 (("kd_lambda", None), ("kd_hidden", 0.0), ("temperature", DEFAULT_TEMPERATURE))
+                 if getattr(self, n) != default]
+        if not given:
+            return
+        try:
+            family = get_task(self.task).family
+        except UsageError:
+            return  # an unknown task is refused by its own check
+        if family == "embedding":
+            raise UsageError(f"{', '.join(given)}: an embedding model has no logits to distil; its recovery "
+                             "(--recovery-steps N) matches embeddings, and layers with --kd-layers W; drop "
+                             f"{', '.join(given)}")
 
     def _check_transfer_extras(self) -> None:
         """Teacher-only transfer examples (--recovery-unlabeled, --recovery-augment) need a recovery

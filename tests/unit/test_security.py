@@ -22,6 +22,9 @@ UNSAFE_YAML = {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load"
                "Loader", "UnsafeLoader", "FullLoader", "dump", "dump_all"}
 PICKLERS = ("pickle", "dill", "cloudpickle", "marshal", "shelve")
 NOT_WEIGHTS = ("Tokenizer", "Config", "Processor", "FeatureExtractor")
+# loaders that read weights with safetensors only (model2vec's persistence opens model.safetensors
+# with safetensors.safe_open and has no pickle path), so they take no use_safetensors flag
+SAFETENSORS_ONLY = ("StaticModel",)
 
 
 def _sources() -> list[Path]:
@@ -103,7 +106,7 @@ def violations(path: Path) -> list[str]:
             bad.append(f"{where(node)}: np.load(allow_pickle=True)")
         if owner in ("pickle", "dill", "cloudpickle") and f.attr in ("load", "loads"):
             bad.append(f"{where(node)}: {owner}.{f.attr}")
-        if f.attr == "from_pretrained" and not any(w in owner for w in NOT_WEIGHTS):
+        if f.attr == "from_pretrained" and not any(w in owner for w in NOT_WEIGHTS + SAFETENSORS_ONLY):
             has_star = any(k.arg is None for k in node.keywords)
             ok = _is_true(_kw(node, "use_safetensors")) or (has_star and _enclosing_sets_safetensors(
                 enclosing(node)))

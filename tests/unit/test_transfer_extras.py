@@ -101,3 +101,16 @@ def test_teacher_training_labels_the_extras_with_the_teacher(classifier, tmp_pat
 def test_teacher_only_examples_need_a_distilling_recovery(flags, message):
     with pytest.raises(UsageError, match=message):
         PruneConfig(stage="post-training", **flags)
+
+
+@pytest.mark.parametrize("flags, named", [
+    ({"kd_lambda": 2.0}, "--kd-lambda"),
+    ({"kd_hidden": 1.0, "teacher": "self", "recovery_steps": 3}, "--kd-hidden"),
+    ({"temperature": 2.0}, "--temperature"),
+])
+def test_logit_kd_flags_of_an_embedding_prune_name_the_real_fix(flags, named):
+    with pytest.raises(UsageError, match=f"{named}: an embedding model has no logits.*drop {named}"):
+        PruneConfig(stage="post-training", task="embedding", **flags)
+    if "teacher" not in flags:  # a classification task asks for the teacher instead
+        with pytest.raises(UsageError, match="applies with --teacher only"):
+            PruneConfig(stage="post-training", task="sst2", **flags)
