@@ -86,8 +86,11 @@ def measure_loaded(loaded, seq_len: int, runtime: str = "onnxruntime CPU") -> di
     from compress.measure.params import count_params
     from compress.measure.verdict import speed_verdict
     from compress.models.modeling_pruned import is_structured_config
+    from compress.pruning.integrity import check_finite_parameters
 
     model = loaded.model
+    # a NaN weight would be counted as a kept weight and its model judged by size and speed alone
+    check_finite_parameters(model, loaded.path or None, "measure a model with finite weights")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
     try:

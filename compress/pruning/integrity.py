@@ -107,7 +107,8 @@ def check_finite_weights(model_dir: Path) -> None:
 
 
 @torch.no_grad()
-def check_finite_parameters(model: torch.nn.Module, source: str | None = None) -> None:
+def check_finite_parameters(model: torch.nn.Module, source: str | None = None,
+                            fix: str = "prune a model with finite weights") -> None:
     """Raise ModelError naming the first parameter or buffer of ``model`` (in memory) holding NaN
     or infinite entries, and how many tensors do: pruning such a model would spread them (SparseGPT's
     Gram matrix, Wanda's norms) or hide them behind zeros."""
@@ -122,8 +123,7 @@ def check_finite_parameters(model: torch.nn.Module, source: str | None = None) -
         more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
         where = f" of {source}" if source else ""
         raise ModelError(f"the model{where} is not finite: {name} holds {nan} NaN and {inf} infinite "
-                         f"entries{more}; prune a model with finite weights (its run diverged or its "
-                         "file is damaged)")
+                         f"entries{more}; {fix} (its run diverged or its file is damaged)")
 
 
 def save_masks(masks: dict[str, torch.Tensor], path: Path) -> None:

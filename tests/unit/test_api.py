@@ -391,3 +391,11 @@ def test_api_arguments_are_checked_at_the_boundary(bert_parts, tmp_path, call, w
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # refused before touching the model
     assert not list(tmp_path.iterdir())  # and before writing anything
+
+
+def test_measure_refuses_a_model_with_a_non_finite_weight(bert_parts):
+    model = _classifier(bert_parts[0])
+    with torch.no_grad():
+        model.bert.encoder.layer[1].intermediate.dense.weight[0, 0] = float("inf")
+    with pytest.raises(compress.ModelError, match="layer.1.intermediate.dense.weight holds 0 NaN and 1 inf"):
+        compress.measure_model(model)
