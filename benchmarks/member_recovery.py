@@ -79,8 +79,8 @@ def seed_cache(member_dir: Path, dense_model: str, cache: Path) -> Path:
 
 def rebuild(member_cfg: dict, start: Path, out: Path, steps: int, unlabeled: int, data_dir: str,
             dense_sizes) -> Path:
-    from compress.recipes.post_training import prune_post_training
     from compress.api.prune_stages import PruneConfig
+    from compress.recipes.post_training import prune_post_training
 
     names = {f.name for f in fields(PruneConfig)}
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in member_cfg.items() if k in names}
