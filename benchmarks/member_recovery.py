@@ -55,23 +55,16 @@ def seed_cache(member_dir: Path, dense_model: str, cache: Path) -> Path:
     import torch
 
     from compress.measure import latency_table as lt
-    from compress.models.modeling_pruned import can_empty_blocks
 
     old = read_json(member_dir / "latency_table.json")
-    config = lt.encoder_config(dense_model)
-    shape = lt.arch_shape(config)
-    rt = lt.check_runtime(old["runtime"])
-    heads = lt._grid(None, lt.head_grid(old["num_heads"]), old["num_heads"], "head")
-    widths = lt._grid(None, lt.width_grid(old["ffn_width"]), old["ffn_width"], "width")
+    _, heads, widths, _, key = lt.table_plan(lt.encoder_config(dense_model), lt.check_runtime(old["runtime"]),
+                                             old["batch"], old["seq_len"], torch.get_num_threads())
     if list(heads) != old["key"]["heads"] or list(widths) != old["key"]["widths"]:
         raise BenchmarkError(f"{member_dir}/latency_table.json was built on other grids than today's")
-    key = lt.cache_key(shape, rt, old["batch"], old["seq_len"], torch.get_num_threads(), heads, widths,
-                       "empty" if can_empty_blocks(shape.model_type) else "smallest",
-                       lt.attention_options(config))
     table = {**old, "key": key}
     if not lt.sane_table(lt.LatencyTable.from_dict(table), key):
         raise BenchmarkError(f"{member_dir}/latency_table.json fails today's sanity check")
-    path = lt.cache_file(cache / "latency", key)  # where latency_table() reads $COMPRESS_CACHE_DIR
+    path = lt.cache_file(cache, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"key": key, "table": table}), encoding="utf-8")
     return path
@@ -119,8 +112,10 @@ def run(args, ctx) -> dict | None:
     member_cfg = yaml.safe_load((member_dir / "config.yaml").read_text(encoding="utf-8"))
     dense_model = yaml.safe_load((args.family / "config.yaml").read_text(encoding="utf-8"))["model"]
     cache = Path(args.work) / "cache"
-    ctx.call("seed-latency-cache", seed_cache, member_dir, dense_model, cache)
-    os.environ["COMPRESS_CACHE_DIR"] = str(cache)
+    os.environ["COMPRESS_CACHE_DIR"] = str(cache)  # latency_table() then reads its latency/ folder
+    from compress.measure.latency_table import default_cache_dir
+
+    ctx.call("seed-latency-cache", seed_cache, member_dir, dense_model, default_cache_dir())
     sizes = None if ctx.dry_run else dense_sizes(dense_model)
     results = {"family_member": _scores(read_json(member_dir / "summary.json")), "variants": {}}
     for steps, unlabeled in _variants(args.variants):

@@ -701,6 +701,21 @@ def _assemble(key: dict[str, Any], shape: ArchShape, runtime: Runtime, batch: in
             "configs": tuple({"name": n, **_brief(s)} for n, s in stats.items())}
 
 
+def table_plan(config, rt: Runtime, batch: int, seq_len: int, threads: int,
+               head_points: Sequence[int] | None = None, width_points: Sequence[int] | None = None):
+    """(shape, head grid, width grid, reference, cache key) of the table of ``config``'s architecture
+    in ``rt`` at ``batch`` x ``seq_len`` with ``threads``: what ``latency_table`` measures and the key
+    it files the table under."""
+    from compress.models.modeling_pruned import can_empty_blocks
+
+    shape = arch_shape(config)
+    heads = _grid(head_points, head_grid(shape.heads), shape.heads, "head")
+    widths = _grid(width_points, width_grid(shape.ffn), shape.ffn, "width")
+    reference = "empty" if can_empty_blocks(shape.model_type) else "smallest"
+    key = cache_key(shape, rt, batch, seq_len, threads, heads, widths, reference, attention_options(config))
+    return shape, heads, widths, reference, key
+
+
 def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, seq_len: int = 128,
                   cache_dir: str | Path | None = None, rebuild: bool = False, repeats: int = 20,
                   threads: int | None = None, head_points: Sequence[int] | None = None,
@@ -715,19 +730,15 @@ def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, s
     """
     from compress.core.arguments import check_int
     from compress.core.runs import write_json
-    from compress.models.modeling_pruned import can_empty_blocks
 
     rt = check_runtime(runtime)
     for name, value in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
         check_int(name, value, 1)
     check_int("threads", threads, 1, optional=True)
     config = encoder_config(model_or_config)
-    shape = arch_shape(config)
     threads = threads or torch.get_num_threads()
-    heads = _grid(head_points, head_grid(shape.heads), shape.heads, "head")
-    widths = _grid(width_points, width_grid(shape.ffn), shape.ffn, "width")
-    reference = "empty" if can_empty_blocks(shape.model_type) else "smallest"
-    key = cache_key(shape, rt, batch, seq_len, threads, heads, widths, reference, attention_options(config))
+    shape, heads, widths, reference, key = table_plan(config, rt, batch, seq_len, threads, head_points,
+                                                      width_points)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = cache_file(folder, key)
     if not rebuild and (cached := _read_cached(path, key)) is not None:
