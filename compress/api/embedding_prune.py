@@ -39,7 +39,6 @@ from compress.api.prune_stages import PruneConfig, prune_run_name, write_masks_a
 from compress.core.config import to_dict
 from compress.core.errors import UsageError
 from compress.core.runs import RunDir, write_json
-from compress.distill.losses import DEFAULT_TEMPERATURE
 from compress.distill.teacher_kd import TEACHER_SELF
 from compress.embedding.evaluation import encoder_scorer, refuse_non_embedding_model
 from compress.embedding.losses import cosine_distillation_loss, embedding_fisher, text_collate
@@ -63,11 +62,7 @@ def check_embedding_config(cfg: PruneConfig) -> None:
     if cfg.teacher not in (None, TEACHER_SELF):
         raise UsageError(f"--task embedding recovers by distillation from the dense model itself: use "
                          f"--teacher self (needed for --kd-layers) or no --teacher, not {cfg.teacher}")
-    logits = [f"--{n.replace('_', '-')}" for n, default in (("kd_lambda", None), ("kd_hidden", 0.0))
-              if getattr(cfg, n) != default]
-    if logits or cfg.temperature != DEFAULT_TEMPERATURE:
-        raise UsageError(f"{', '.join(logits or ['--temperature'])}: an embedding model has no logits to "
-                         "distil; its recovery matches embeddings (and layers, with --kd-layers W)")
+    # --kd-lambda, --kd-hidden and --temperature are refused by PruneConfig itself for this task
 
 
 def calibration_texts(cfg: PruneConfig, texts: list[str]) -> list[str]:

@@ -37,7 +37,8 @@ from compress.distill.losses import (
     distillation_loss,
     layerwise_mse,
 )
-from compress.distill.transfer import HAS_LABEL, is_labelled, mark_teacher_only
+from compress.distill.transfer import mark_teacher_only
+from compress.training.loop import HAS_LABEL, is_labelled
 
 TEACHER_LOGITS = "teacher_logits"  # the key a training example carries its teacher logits under
 TEACHER_SELF = "self"  # --teacher self: the dense model the run starts from

@@ -84,7 +84,3 @@ def transfer_extras(labelled: TextDataset, unlabeled: TextDataset | None, augmen
 def mark_teacher_only(feats: list[dict]) -> list[dict]:
     """Copies of encoded examples marked ``has_label`` False."""
     return [{**f, HAS_LABEL: False} for f in feats]
-
-
-def is_labelled(example: dict) -> bool:
-    return example.get(HAS_LABEL, True)

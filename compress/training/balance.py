@@ -15,7 +15,7 @@ import math
 import random
 
 from compress.core.errors import UsageError
-from compress.training.loop import HAS_LABEL
+from compress.training.loop import is_labelled
 
 
 def oversample_small_classes(feats: list[dict], n_classes: int, floor: float, seed: int
@@ -32,7 +32,7 @@ def oversample_small_classes(feats: list[dict], n_classes: int, floor: float, se
     if floor == 0 or not feats:
         return feats, report
     by_class: dict[int, list[int]] = {}
-    labelled = [i for i, f in enumerate(feats) if f.get(HAS_LABEL, True)]
+    labelled = [i for i, f in enumerate(feats) if is_labelled(f)]
     for i in labelled:
         label = feats[i]["labels"]
         if not isinstance(label, int):

@@ -164,6 +164,10 @@ def set_seed(seed: int) -> None:
 HAS_LABEL = "has_label"
 
 
+def is_labelled(example: dict) -> bool:
+    return example.get(HAS_LABEL, True)
+
+
 def encode(tokenizer, ds: TextDataset, max_length: int) -> list[dict]:
     """Tokenize once; labels become ints (single-label) or multi-hot float vectors (multi-label)."""
     enc = tokenizer(ds.texts, ds.pairs, truncation=True, max_length=max_length)
