@@ -1,15 +1,17 @@
-"""One member of a finished gradual speedup family rebuilt from the member before it, changing only
-its recovery: the number of KD steps and the teacher-only texts added to the transfer set
-(``--recovery-unlabeled``). Everything else is the family's: its config (calibration seed, teacher =
-the dense model, targets relative to the dense sizes) and its own latency table, put into a fresh
-cache folder under today's key so the search picks the member's layout again. The one-shot score
-before recovery is then the family member's, and the recovered scores pair with it.
+"""One member of a finished gradual speedup family rebuilt from the member before it, changing only its
+recovery: the number of KD steps and the teacher-only texts added to the transfer set (``--recovery-
+unlabeled``), and optionally the layer-wise KD weight and the learning rate. Everything else is the
+family's: its config (calibration seed, teacher = the dense model, targets relative to the dense
+sizes) and its own latency table, put into a fresh cache folder under today's key so the search
+picks the member's layout again. The one-shot score before recovery is then the family member's, and
+the recovered scores pair with it.
 
     python -m benchmarks member-recovery --family artifacts/fam/obs-gradual-s42 --member 4 \\
         --previous 3 --variants 1000:0,1000:20000 --work artifacts/member-recovery
 
-Each variant VARIANT = STEPS:UNLABELED writes WORK/STEPS-UNLABELED (a post-training run folder,
-skipped when its summary.json exists); the result holds the family member's scores beside each
+Each variant VARIANT = STEPS:UNLABELED[:layers=W][:lr=X] (``layers``: ``--kd-layers W``, ``lr``:
+``--lr X``; unset, the family's) writes WORK/STEPS-UNLABELED[-layersW][-lrX] (a post-training run
+folder, skipped when its summary.json exists); the result holds the family member's scores beside each
 variant's (accuracy and macro-F1 before and after recovery, PyTorch fp32 on the dev split).
 """
 
@@ -33,19 +35,39 @@ def add_arguments(p) -> None:
                    help="comma-separated STEPS:UNLABELED recoveries (default: %(default)s)")
 
 
-def _variants(text: str) -> list[tuple[int, int]]:
+OVERRIDES = {"layers": "kd_layers", "lr": "lr"}  # variant key -> PruneConfig field
+
+
+def _variants(text: str) -> list[tuple[int, int, dict]]:
+    """``STEPS:UNLABELED[:layers=W][:lr=X]`` pairs, comma-separated, as (steps, unlabeled, overrides)."""
+    out = []
     try:
-        out = [tuple(int(x) for x in v.split(":")) for v in text.split(",") if v.strip()]
+        for v in (v.strip() for v in text.split(",")):
+            if not v:
+                continue
+            steps, unlabeled, *rest = v.split(":")
+            extra = dict(kv.split("=", 1) for kv in rest)
+            if set(extra) - set(OVERRIDES):
+                raise ValueError(v)
+            out.append((int(steps), int(unlabeled), {OVERRIDES[k]: float(x) for k, x in extra.items()}))
     except ValueError:
         out = []
-    if not out or any(len(v) != 2 or v[0] < 1 or v[1] < 0 for v in out):
-        raise BenchmarkError(f"--variants {text!r}: give STEPS:UNLABELED pairs, e.g. 1000:0,1000:20000")
+    if not out or any(s < 1 or u < 0 or any(x < 0 for x in o.values()) for s, u, o in out):
+        raise BenchmarkError(f"--variants {text!r}: give STEPS:UNLABELED[:layers=W][:lr=X] items, e.g. "
+                             "1000:0,1000:20000,1000:0:layers=1")
     return out
+
+
+def variant_name(steps: int, unlabeled: int, overrides: dict) -> str:
+    """The variant's folder name: ``1000-0``, ``1000-0-layers1``, ``1000-0-lr0.0002``."""
+    keys = {f: k for k, f in OVERRIDES.items()}
+    return "-".join([str(steps), str(unlabeled), *(f"{keys[f]}{v:g}" for f, v in sorted(overrides.items()))])
 
 
 def budget(args) -> str:
     variants = _variants(args.variants)
-    steps = ", ".join(f"{s} KD steps + {u} teacher-labelled texts" for s, u in variants)
+    steps = ", ".join(f"{s} KD steps + {u} teacher-labelled texts"
+                      + "".join(f", {k} {v:g}" for k, v in sorted(o.items())) for s, u, o in variants)
     return f"the {args.member:g}x member of {args.family} rebuilt {len(variants)} times: {steps}"
 
 
@@ -71,14 +93,14 @@ def seed_cache(member_dir: Path, dense_model: str, cache: Path) -> Path:
 
 
 def rebuild(member_cfg: dict, start: Path, out: Path, steps: int, unlabeled: int, data_dir: str,
-            dense_sizes) -> Path:
+            dense_sizes, overrides: dict | None = None) -> Path:
     from compress.api.prune_stages import PruneConfig
     from compress.recipes.post_training import prune_post_training
 
     names = {f.name for f in fields(PruneConfig)}
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in member_cfg.items() if k in names}
     d.update(model=str(start), out=str(out), data_dir=data_dir, recovery_steps=steps,
-             recovery_unlabeled=unlabeled, name=None)
+             recovery_unlabeled=unlabeled, name=None, **(overrides or {}))
     return prune_post_training(PruneConfig(**d), dense_sizes=dense_sizes)
 
 
@@ -118,11 +140,12 @@ def run(args, ctx) -> dict | None:
     ctx.call("seed-latency-cache", seed_cache, member_dir, dense_model, default_cache_dir())
     sizes = None if ctx.dry_run else dense_sizes(dense_model)
     results = {"family_member": _scores(read_json(member_dir / "summary.json")), "variants": {}}
-    for steps, unlabeled in _variants(args.variants):
-        out = Path(args.work) / f"{steps}-{unlabeled}"
+    for steps, unlabeled, overrides in _variants(args.variants):
+        name = variant_name(steps, unlabeled, overrides)
+        out = Path(args.work) / name
         if not (out / "summary.json").is_file():
-            ctx.call(f"recover-{steps}-{unlabeled}", rebuild, member_cfg, start, out, steps, unlabeled,
-                     args.data_dir, sizes)
+            ctx.call(f"recover-{name}", rebuild, member_cfg, start, out, steps, unlabeled, args.data_dir,
+                     sizes, overrides)
         if not ctx.dry_run:
-            results["variants"][f"{steps}:{unlabeled}"] = _scores(read_json(out / "summary.json"))
+            results["variants"][name] = {**_scores(read_json(out / "summary.json")), "overrides": overrides}
     return None if ctx.dry_run else results

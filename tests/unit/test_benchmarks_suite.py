@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.__main__ import main
 from benchmarks.registry import BENCHMARKS
-from benchmarks.suite import Benchmark, Started, build_parser, parse, write_result
+from benchmarks.suite import Benchmark, BenchmarkError, Started, build_parser, parse, write_result
 from tests.conftest import ROOT
 
 BENCH_DIR = ROOT / "benchmarks"
@@ -237,3 +237,14 @@ def test_every_benchmark_file_is_registered_and_no_script_is_left_beside_them():
     files = {p.stem for p in BENCH_DIR.glob("*.py") if p.name not in SHARED}
     assert files == modules, f"unregistered: {sorted(files - modules)}; missing: {sorted(modules - files)}"
     assert not [p.name for p in BENCH_DIR.iterdir() if p.suffix in (".sh", ".bash")]
+
+
+def test_member_recovery_variants_name_their_overrides_and_refuse_unknown_keys():
+    from benchmarks.member_recovery import _variants, variant_name
+
+    parsed = _variants("1000:0, 3000:20000:layers=1:lr=2e-4")
+    assert parsed == [(1000, 0, {}), (3000, 20000, {"kd_layers": 1.0, "lr": 2e-4})]
+    assert [variant_name(*v) for v in parsed] == ["1000-0", "3000-20000-layers1-lr0.0002"]
+    for bad in ("1000", "1000:0:temperature=2", "1000:0:layers=-1", "0:0", "1000:x"):
+        with pytest.raises(BenchmarkError, match="STEPS:UNLABELED"):
+            _variants(bad)
