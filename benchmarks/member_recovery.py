@@ -1,10 +1,10 @@
 """One member of a finished gradual speedup family rebuilt from the member before it, changing only its
-recovery: the number of KD steps and the teacher-only texts added to the transfer set (``--recovery-
-unlabeled``), and optionally the layer-wise KD weight and the learning rate. Everything else is the
-family's: its config (calibration seed, teacher = the dense model, targets relative to the dense
-sizes) and its own latency table, put into a fresh cache folder under today's key so the search
-picks the member's layout again. The one-shot score before recovery is then the family member's, and
-the recovered scores pair with it.
+recovery: the number of KD steps and the teacher-only texts added to the transfer set
+(``--recovery-unlabeled``), and optionally the layer-wise KD weight and the learning rate. Everything
+else is the family's: its config (calibration seed, teacher = the dense model, targets relative to the
+dense sizes) and its own latency table, put into a fresh cache folder under today's key so the search
+picks the member's layout again. The one-shot score before recovery is then the family member's, and the
+recovered scores pair with it.
 
     python -m benchmarks member-recovery --family artifacts/fam/obs-gradual-s42 --member 4 \\
         --previous 3 --variants 1000:0,1000:20000 --work artifacts/member-recovery
