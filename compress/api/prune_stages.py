@@ -120,14 +120,14 @@ class PruneConfig(TrainConfig, TaskDataConfig, QAOptions, TeacherKDOptions):
                                                  "comparison")
     structured: tuple[str, ...] = option((), help="remove whole units instead: heads,ffn (uses "
                                                   "compress.pruning.structured)")
-    flops_reduction: float | None = option(None, help="--structured with --criterion fisher: fraction "
+    flops_reduction: float | None = option(None, help="--structured with --criterion obs or fisher: fraction "
                                                       "of the encoder's FLOPs at --max-length to "
                                                       "remove, in (0, 1)")
-    speedup: tuple[float, ...] = option((), help="--structured with --criterion fisher: times the dense "
-                                                 "model's speed in --latency-runtime at --latency-shape, "
-                                                 "from a latency table measured on this machine (e.g. "
-                                                 "3); several (2,3,4) give a family of models, one run "
-                                                 "folder each, exported, benched and compared in one "
+    speedup: tuple[float, ...] = option((), help="--structured with --criterion obs or fisher: times the "
+                                                 "dense model's speed in --latency-runtime at "
+                                                 "--latency-shape, from a latency table measured on this "
+                                                 "machine (e.g. 3); several (2,3,4) give a family of models, "
+                                                 "one run folder each, exported, benched and compared in one "
                                                  "report")
     latency_runtime: str = option("ort-int8", choices=lambda: tuple(_runtimes()),
                                   help="--speedup: the runtime the model will ship in (ort-int8 = what "
