@@ -98,14 +98,9 @@ SEEDS = "42,1,2"
 def add_arguments(p) -> None:
     p.add_argument("--speedup", default="2", help="the structured target (x dense int8)")
     p.add_argument("--recovery-steps", type=int, default=500)
-    p.add_argument("--structured-only", action="store_true",
-                   help="only the dense scores, the structured prune recovered at lr 2e-4, its int8 export")
 
 
 def budget(args) -> str:
-    if args.structured_only:
-        return (f"one structured prune at {args.speedup}x with {args.recovery_steps} recovery steps "
-                "at lr 2e-4 and its int8 export")
     return (f"one-shot prunes at 512 calibration sentences (SparseGPT over seeds "
             f"{','.join(map(str, args.seeds))}) and 2048; one structured prune at {args.speedup}x with "
             f"three recoveries of {args.recovery_steps} steps; three int8 exports; two bench runs (5 rounds; "
@@ -132,12 +127,9 @@ def run(args, ctx) -> dict | None:
     s = f"structured-{args.speedup}x"
     structured = ["--structured", "heads,ffn", "--criterion", "fisher", "--speedup", args.speedup,
                   "--recovery-steps", args.recovery_steps]
-    step(f"{s}-lr2e-4", [*post, *structured, "--lr", "2e-4"])
-    if args.structured_only:
-        export(f"{s}-lr2e-4-int8", runs / f"{s}-lr2e-4")
-        return None if ctx.dry_run else {**collect(runs), "timings": ctx.timings()}
     step(s, [*post, *structured])
     step(f"{s}-layers", [*post, *structured, "--teacher", "self", "--kd-layers", 1])
+    step(f"{s}-lr2e-4", [*post, *structured, "--lr", "2e-4"])
     export("dense-int8", "minilm")
     for m in (s, f"{s}-lr2e-4"):
         export(f"{m}-int8", runs / m)

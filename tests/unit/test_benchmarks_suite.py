@@ -248,12 +248,3 @@ def test_member_recovery_variants_name_their_overrides_and_refuse_unknown_keys()
     for bad in ("1000", "1000:0:temperature=2", "1000:0:layers=-1", "0:0", "1000:x"):
         with pytest.raises(BenchmarkError, match="STEPS:UNLABELED"):
             _variants(bad)
-
-
-def test_embedding_structured_only_runs_the_dense_scores_one_recovery_and_its_export(tmp_path, capsys):
-    steps = _dry(capsys, "embedding-minilm", "--structured-only", "--recovery-steps", "1000",
-                 "--work", str(tmp_path))
-    assert [s[3] for s in steps] == ["eval", "prune", "export"]
-    prune = shlex.join(steps[1])
-    assert "--recovery-steps 1000 --lr 2e-4" in prune and "--kd-layers" not in prune
-    assert steps[2][4] == f"{tmp_path}/runs/structured-2x-lr2e-4"
