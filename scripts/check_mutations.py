@@ -200,8 +200,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              "seq_lens=tuple(sorted({tokens, 128}))", "seq_lens=tuple(sorted({cfg.max_length, 128}))",
              (FAMILY_BENCH,)),
     Mutation("13 latency table stores a zero residual", "compress/measure/latency_table.py",
-             "residual_ms=max(0.0, table.dense_ms - predicted)", "residual_ms=0.0",
+             "residual_ms=max(0.0, dense_ms - predicted)", "residual_ms=0.0",
              (RESIDUAL,)),
+    Mutation("14 latency table trusts blocks that ran slow", "compress/measure/latency_table.py",
+             "    if predicted_ms - dense_ms > max(DENSE_TOLERANCE * dense_ms, DENSE_FLOOR_MS):\n"
+             "        return -1\n",
+             "",
+             ("tests/unit/test_latency_table.py::"
+              "test_a_table_built_while_its_blocks_ran_slow_keeps_the_calm_retiming",
+              "tests/unit/test_latency_table.py::"
+              "test_blocks_whose_sum_is_far_above_the_dense_timing_are_timed_again_then_refused")),
 )
 
 

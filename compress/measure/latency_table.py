@@ -44,7 +44,11 @@ non-decreasing (isotonic regression, pool-adjacent-violators) and clipped at 0.
   blocks (the cost per layer grew with depth), so pruned models measured less speedup than
   predicted. The shortfall (``residual_ms``, never negative) is charged to every prediction as a
   fixed cost: ``predict_ms`` of the dense layout equals ``dense_ms`` when the sum is short, and a
-  pruned layout's predicted speedup errs low rather than high.
+  pruned layout's predicted speedup errs low rather than high. A dense timing and a sum more than
+  ``DENSE_TOLERANCE`` apart either way say the machine was busy while one of them ran (noise only
+  adds time): the one that is slower is timed again, and the table is refused if they still
+  disagree (``trusted_timings``). A table whose grid was timed on a busy machine once summed to
+  598 ms against 173 ms for the dense model and steered a family search.
 
 Runtimes (``RUNTIMES``): ``ort-int8`` (what ``compress export --optimize --quantize int8`` writes),
 ``ort-fp32`` (optimized fp32 ONNX), ``torch`` (PyTorch eager fp32, transformers' default attention)
@@ -78,12 +82,14 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from compress.core.errors import MeasurementError, UsageError
 from compress.measure.latency import measure_interleaved
+
+T = TypeVar("T")
 
 FORMAT = 3                 # bumped when a cached table's meaning changes
 TIMING_VOCAB = 1024        # vocabulary of the 1-layer timing models (see the module docstring)
@@ -422,40 +428,56 @@ def cache_file(cache_dir: Path, key: dict[str, Any]) -> Path:
     return cache_dir / f"{key['runtime']}-{key['shape']['model_type']}-{digest}.json"
 
 
-DENSE_TOLERANCE = 0.15  # the dense model's timing may differ this much from its blocks' sum,
+DENSE_TOLERANCE = 0.15  # the dense model's timing and its blocks' sum may differ this much (of the smaller),
 DENSE_FLOOR_MS = 2.0  # or this many milliseconds (a tiny model's timings are mostly noise)
-DENSE_RETRIES = 2  # re-timings of a dense model outside the tolerance before the table is refused
+DENSE_RETRIES = 2  # re-timings of a table whose dense model and blocks disagree before it is refused
 
 
-def _consistent(dense_ms: float, predicted_ms: float) -> bool:
-    """A dense timing above its blocks' sum by more than the tolerance is what a busy machine gives,
-    and the table would charge the gap to every model; one below it charges nothing (a runtime may
-    fuse more across layers than one layer shows)."""
-    return predicted_ms > 0 and dense_ms - predicted_ms <= max(DENSE_TOLERANCE * predicted_ms, DENSE_FLOOR_MS)
+def dense_gap(dense_ms: float, predicted_ms: float) -> int:
+    """+1 when the dense timing is far above its blocks' sum (``predicted_ms``), -1 when far below, 0
+    when they agree within ``DENSE_TOLERANCE`` of the smaller or ``DENSE_FLOOR_MS``. Noise only adds
+    time, so +1 says the dense model was timed on a busy machine (the table would charge the gap to
+    every model as a fixed cost) and -1 that the blocks were (every block too slow: a search on them
+    cuts the wrong ones); a sum of 0 or less is never trusted."""
+    if predicted_ms <= 0:
+        return -1
+    if dense_ms - predicted_ms > max(DENSE_TOLERANCE * predicted_ms, DENSE_FLOOR_MS):
+        return 1
+    if predicted_ms - dense_ms > max(DENSE_TOLERANCE * dense_ms, DENSE_FLOOR_MS):
+        return -1
+    return 0
 
 
-def trusted_dense_ms(dense_ms: float, predicted_ms: float, shape: str, retime: Callable[[], float]) -> float:
-    """``dense_ms`` when it is not far above ``predicted_ms`` (the sum of the dense model's blocks), else
-    the first of up to ``DENSE_RETRIES`` new timings (``retime()``) that does; MeasurementError,
-    naming both times, when none does: a busy machine's timing would steer the search (it charges
-    the gap to every model as a fixed cost) and is neither used nor cached."""
-    for _ in range(DENSE_RETRIES):
-        if _consistent(dense_ms, predicted_ms):
-            return dense_ms
-        dense_ms = retime()
-    if not _consistent(dense_ms, predicted_ms):
-        raise MeasurementError(
-            f"the dense model timed {dense_ms:.1f} ms at {shape} against {predicted_ms:.1f} ms from the sum "
-            f"of its blocks ({100 * (dense_ms / predicted_ms - 1):+.0f}%, {DENSE_RETRIES + 1} tries; "
-            f"{100 * DENSE_TOLERANCE:.0f}% is trusted): the machine is busy; rerun when it is idle (nothing "
-            "was cached)")
-    return dense_ms
+def trusted_timings(blocks: T, dense_ms: float, predict: Callable[[T], float], retime_blocks: Callable[[], T],
+                    retime_dense: Callable[[], float], shape: str) -> tuple[T, float]:
+    """(``blocks``, ``dense_ms``) once the dense timing agrees with ``predict(blocks)`` (``dense_gap``):
+    a dense timing far above is timed again (``retime_dense``), blocks whose sum is far above the
+    dense timing are timed again (``retime_blocks``), up to ``DENSE_RETRIES`` times in all.
+    MeasurementError, naming both times and which was slow, when they still disagree: a busy
+    machine's timings would steer the search, and are neither used nor cached."""
+    for attempt in range(DENSE_RETRIES + 1):
+        predicted = predict(blocks)
+        gap = dense_gap(dense_ms, predicted)
+        if gap == 0:
+            return blocks, dense_ms
+        if attempt == DENSE_RETRIES:
+            break
+        if gap > 0:
+            dense_ms = retime_dense()
+        else:
+            blocks = retime_blocks()
+    slow = "the dense model" if gap > 0 else "the blocks"
+    raise MeasurementError(
+        f"the dense model timed {dense_ms:.1f} ms at {shape} against {predicted:.1f} ms from the sum of its "
+        f"blocks ({100 * (dense_ms / predicted - 1) if predicted > 0 else float('inf'):+.0f}%, "
+        f"{DENSE_RETRIES + 1} tries; {100 * DENSE_TOLERANCE:.0f}% is trusted): the machine was busy while "
+        f"{slow} ran; rerun when it is idle (nothing was cached)")
 
 
 def sane_table(table: LatencyTable, key: dict[str, Any]) -> bool:
     """Whether a table read back can steer a search: its own key is ``key``, its times are finite,
     non-negative numbers, its grids and their times are as long as each other, and its dense timing
-    agrees with its blocks' sum (``DENSE_TOLERANCE``)."""
+    agrees with its blocks' sum either way (``dense_gap``)."""
     times = [table.base_ms, table.layer_fixed_ms, table.dense_ms, table.dense_predicted_ms, table.residual_ms,
              *table.attention_grid_ms, *table.ffn_grid_ms]
     if table.key != key or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
@@ -464,7 +486,7 @@ def sane_table(table: LatencyTable, key: dict[str, Any]) -> bool:
         return False
     if len(table.heads) != len(table.attention_grid_ms) or len(table.widths) != len(table.ffn_grid_ms):
         return False
-    return _consistent(table.dense_ms, table.dense_predicted_ms)
+    return dense_gap(table.dense_ms, table.dense_predicted_ms) == 0
 
 
 def _read_cached(path: Path, key: dict[str, Any]) -> LatencyTable | None:
@@ -754,26 +776,35 @@ def latency_table(model_or_config, runtime: str = "ort-int8", batch: int = 32, s
 def build_table(config, shape: ArchShape, runtime: Runtime, batch: int, seq_len: int, threads: int,
                 heads: tuple[int, ...], widths: tuple[int, ...], reference: str, repeats: int,
                 key: dict[str, Any]) -> LatencyTable:
-    """Measure a table (``latency_table`` without the cache): the grid models, then the dense one."""
+    """Measure a table (``latency_table`` without the cache): the grid models, then the dense one,
+    each timed again while the two disagree (``trusted_timings``)."""
     start = time.perf_counter()
     layouts = table_layouts(shape, heads, widths, reference)
-    # the 1-layer reference and the 0-layer model of the timing vocabulary are subtracted from
-    # every layer: three turns per round each (they are the fastest models of the grid)
-    stats, phases = time_layouts(config, layouts, runtime, batch, seq_len, threads, repeats,
-                                 copies={"reference": REFERENCE_TURNS, "base_small": REFERENCE_TURNS})
     dense = {"dense": ((shape.heads,) * shape.layers, (shape.ffn,) * shape.layers, shape.vocab)}
-    dense_stats, dense_phases = time_layouts(config, dense, runtime, batch, seq_len, threads,
-                                             max(3, repeats // 2))
-    fields = _assemble(key, shape, runtime, batch, seq_len, heads, widths, reference, stats)
-    table = LatencyTable(**fields, dense_ms=dense_stats["dense"]["median_ms"], dense_predicted_ms=0.0,
-                         build_seconds=0.0, repeats=repeats,
-                         phase_seconds={**phases, **{f"dense_{k}": v for k, v in dense_phases.items()}})
+
+    def time_blocks() -> LatencyTable:
+        # the 1-layer reference and the 0-layer model of the timing vocabulary are subtracted from
+        # every layer: three turns per round each (they are the fastest models of the grid)
+        stats, phases = time_layouts(config, layouts, runtime, batch, seq_len, threads, repeats,
+                                     copies={"reference": REFERENCE_TURNS, "base_small": REFERENCE_TURNS})
+        fields = _assemble(key, shape, runtime, batch, seq_len, heads, widths, reference, stats)
+        return LatencyTable(**fields, dense_ms=0.0, dense_predicted_ms=0.0, build_seconds=0.0,
+                            repeats=repeats, phase_seconds=phases)
+
+    dense_runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def time_dense() -> float:
+        dense_runs.append(time_layouts(config, dense, runtime, batch, seq_len, threads, max(3, repeats // 2)))
+        return dense_runs[-1][0]["dense"]["median_ms"]
+
+    table, dense_ms = trusted_timings(time_blocks(), time_dense(), lambda t: t.predict_ms(*t.dense_layout()),
+                                      time_blocks, time_dense, f"{batch}x{seq_len}")
+    dense_stats, dense_phases = dense_runs[-1]
+    phases = {**table.phase_seconds, **{f"dense_{k}": v for k, v in dense_phases.items()}}
     predicted = table.predict_ms(*table.dense_layout())
-    dense_ms = trusted_dense_ms(table.dense_ms, predicted, f"{batch}x{seq_len}", lambda: time_layouts(
-        config, dense, runtime, batch, seq_len, threads, max(3, repeats // 2))[0]["dense"]["median_ms"])
-    table = replace(table, dense_ms=dense_ms)
-    return replace(table, dense_predicted_ms=predicted, residual_ms=max(0.0, table.dense_ms - predicted),
-                   build_seconds=time.perf_counter() - start,
+    return replace(table, dense_ms=dense_ms, dense_predicted_ms=predicted,
+                   residual_ms=max(0.0, dense_ms - predicted), build_seconds=time.perf_counter() - start,
+                   phase_seconds=phases,
                    configs=(*table.configs, {"name": "dense", **_brief(dense_stats["dense"])}))
 
 

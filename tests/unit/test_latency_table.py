@@ -256,22 +256,71 @@ def test_the_unexplained_dense_time_is_a_fixed_cost_that_lowers_predicted_speedu
 def test_a_dense_timing_far_from_its_blocks_is_retimed_then_refused():
     from compress.core.errors import MeasurementError
 
-    assert lt.trusted_dense_ms(100.0, 95.0, "32x128", lambda: 1 / 0) == 100.0  # within 15%: no retiming
-    # far off, then within: the new timing is used
+    def trusted(dense, predicted, retime_dense, retime_blocks=lambda: 1 / 0):
+        return lt.trusted_timings(predicted, dense, lambda p: p, retime_blocks, retime_dense, "32x128")
+
+    assert trusted(100.0, 95.0, lambda: 1 / 0) == (95.0, 100.0)  # within 15%: no retiming
+    # far above, then within: the new dense timing is used, the blocks are not timed again
     times = iter([110.0])
-    assert lt.trusted_dense_ms(300.0, 100.0, "32x128", lambda: next(times)) == 110.0
-    # far off every time: refused, naming both times
+    assert trusted(300.0, 100.0, lambda: next(times)) == (100.0, 110.0)
+    # far above every time: refused, naming both times and that the dense model ran slow
     calls = []
-    with pytest.raises(MeasurementError, match=r"timed 250\.0 ms at 32x128 against 100\.0 ms"):
-        lt.trusted_dense_ms(250.0, 100.0, "32x128", lambda: calls.append(1) or 250.0)
+    refused = r"timed 250\.0 ms at 32x128 against 100\.0 ms.*dense model ran"
+    with pytest.raises(MeasurementError, match=refused):
+        trusted(250.0, 100.0, lambda: calls.append(1) or 250.0)
     assert len(calls) == lt.DENSE_RETRIES
-    # a tiny model's sub-millisecond gap is within the absolute floor
-    assert lt.trusted_dense_ms(1.5, 0.5, "2x16", lambda: 1 / 0) == 1.5
+    # a tiny model's sub-millisecond gap is within the absolute floor, either way
+    assert trusted(1.5, 0.5, lambda: 1 / 0) == (0.5, 1.5)
+    assert trusted(0.5, 1.5, lambda: 1 / 0) == (1.5, 0.5)
+
+
+def test_blocks_whose_sum_is_far_above_the_dense_timing_are_timed_again_then_refused():
+    from compress.core.errors import MeasurementError
+
+    # the sum 598 against 173: the grid ran on a busy machine; timed again it sums to 160
+    sums = iter([160.0])
+    assert lt.trusted_timings(598.0, 173.0, lambda p: p, lambda: next(sums), lambda: 1 / 0, "32x128") == (
+        160.0, 173.0)
+    assert lt.dense_gap(173.0, 598.0) == -1 and lt.dense_gap(173.0, 160.0) == 0
+    assert lt.dense_gap(173.0, 173.0 * 1.15 + 0.1) == -1  # 15% of the smaller of the two
+    calls = []
+    with pytest.raises(MeasurementError, match=r"timed 173\.0 ms at 32x128 against 598\.0 ms.*blocks ran"):
+        lt.trusted_timings(598.0, 173.0, lambda p: p, lambda: calls.append(1) or 598.0, lambda: 1 / 0,
+                           "32x128")
+    assert len(calls) == lt.DENSE_RETRIES
+    # a sum of nothing is never trusted
+    assert lt.dense_gap(5.0, 0.0) == -1
+
+
+def test_a_table_built_while_its_blocks_ran_slow_keeps_the_calm_retiming(monkeypatch):
+    cfg = tiny_config()
+    rt = lt.check_runtime("ort-int8")
+    shape, heads, widths, reference, key = lt.table_plan(cfg, rt, 2, 16, 1, width_points=(8, 32))
+    runs = []
+
+    def fake_time_layouts(config, layouts, runtime, batch, seq_len, threads, repeats, copies=None):
+        runs.append(sorted(layouts))
+        slow = 4.0 if len(runs) == 1 else 1.0  # the first grid run on a busy machine
+        stats = {}
+        for name, (h, w, _) in layouts.items():
+            ms = 2.0 + sum(0.5 + 0.25 * x + 0.01 * y for x, y in zip(h, w))
+            ms = ms if name == "dense" else ms * slow
+            stats[name] = {"median_ms": ms, "p90_ms": ms, "fused_ops": {}}
+        return stats, {"export_s": 0.1, "timing_s": 0.2}
+
+    monkeypatch.setattr(lt, "time_layouts", fake_time_layouts)
+    table = lt.build_table(cfg, shape, rt, 2, 16, 1, heads, widths, reference, 3, key)
+    # grid (slow), dense, grid again (calm); the dense model is not timed twice
+    assert [r == ["dense"] for r in runs] == [False, True, False]
+    assert lt.dense_gap(table.dense_ms, table.dense_predicted_ms) == 0
+    assert table.attention_ms(4) == pytest.approx(1.0)  # the calm grid's 4 x 0.25
+    assert table.dense_ms == pytest.approx(2.0 + 2 * (0.5 + 1.0 + 0.64))
 
 
 @pytest.mark.parametrize("change", [
     {"base_ms": -1000.0}, {"layer_fixed_ms": float("nan")}, {"dense_ms": float("inf")},
     {"attention_grid_ms": (0.0, 1.0, 1.5)}, {"ffn_grid_ms": (0.0, "2", 9.0)}, {"dense_ms": 400.0},
+    {"dense_ms": 20.0},  # the blocks' 37 ms sum far above it: a grid timed on a busy machine
     {"key": {"other": 1}},
 ])
 def test_a_cached_table_that_is_not_sane_is_measured_again(change, tmp_path, monkeypatch):
