@@ -241,8 +241,10 @@ def plan_for_speedup_obs(database: RemovalDatabase, sizes: tuple[list[int], list
     heads, ffn = sizes
     dense_heads, dense_ffn = dense_sizes or sizes
     dense_ms = table.predict_ms(dense_heads, dense_ffn)
-    fixed_ms = table.base_ms + getattr(table, "residual_ms", 0.0) + len(heads) * table.layer_fixed_ms
-    budget = dense_ms / speedup - fixed_ms
+    fixed_ms = table.base_ms + len(heads) * table.layer_fixed_ms
+    # the table multiplies every prediction by its dense_scale: the blocks get what is left of the
+    # target time after the scale and the fixed costs
+    budget = dense_ms / speedup / getattr(table, "dense_scale", 1.0) - fixed_ms
     blocks = _options(database, heads, ffn, targets, allow_empty, table.attention_ms, table.ffn_ms, ffn_step)
     choices, _, loss = search_latency(blocks, budget)
     counts = [b.counts[j] for b, j in zip(blocks, choices)]

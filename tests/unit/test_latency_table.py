@@ -39,7 +39,7 @@ def hand_table(reference: str = "empty") -> LatencyTable:
         heads=(ref, 1, 2, 3, 4)[1 - ref:], attention_grid_ms=(0.0, 1.0, 1.5, 2.5, 3.0)[1 - ref:],
         attention_raw_ms=(0.0, 1.0, 1.5, 2.5, 3.0)[1 - ref:],
         widths=(ref, 8, 64) if ref == 0 else (1, 8, 64), ffn_grid_ms=(0.0, 2.0, 9.0),
-        ffn_raw_ms=(0.0, 2.0, 9.0), dense_ms=40.0, dense_predicted_ms=37.0, build_seconds=1.0, repeats=3)
+        ffn_raw_ms=(0.0, 2.0, 9.0), dense_ms=37.0, dense_predicted_ms=37.0, build_seconds=1.0, repeats=3)
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -239,15 +239,23 @@ def test_the_dense_prediction_is_stored_beside_the_measurement(built):
 
 
 
-def test_the_unexplained_dense_time_is_a_fixed_cost_that_lowers_predicted_speedups():
+def test_the_unexplained_dense_time_scales_every_prediction_and_leaves_speedups_as_ratios_of_sums():
     table = hand_table()
     dense_heads, dense_ffn = table.dense_layout()
-    raw = table.predict_ms(dense_heads, dense_ffn)
-    assert raw == pytest.approx(10.0 + 2 * (1.5 + 3.0 + 9.0))  # base + 2 x (fixed + A(4) + F(64))
-    charged = dataclasses.replace(table, residual_ms=5.0)
-    assert charged.predict_ms(dense_heads, dense_ffn) == pytest.approx(raw + 5.0)
-    assert charged.predict_ms([1, 0], [8, 0]) == pytest.approx(10.0 + 5.0 + 2 * 1.5 + 1.0 + 2.0)
-    assert charged.predicted_speedup([1, 0], [8, 0]) < table.predicted_speedup([1, 0], [8, 0])
+    raw = 10.0 + 2 * (1.5 + 3.0 + 9.0)  # base + 2 x (fixed + A(4) + F(64)), by hand
+    small = 10.0 + 2 * 1.5 + 1.0 + 2.0  # heads 1 and 0, widths 8 and 0
+    unmeasured = dataclasses.replace(table, dense_ms=0.0, dense_predicted_ms=0.0)
+    assert unmeasured.dense_scale == 1.0
+    assert unmeasured.predict_ms(dense_heads, dense_ffn) == pytest.approx(raw)
+    # measured 40 ms against its 37 ms sum: every prediction x 40/37, the dense one exactly 40
+    charged = dataclasses.replace(table, dense_ms=40.0, dense_predicted_ms=raw, residual_ms=40.0 - raw)
+    assert charged.dense_scale == pytest.approx(40.0 / raw)
+    assert charged.predict_ms(dense_heads, dense_ffn) == pytest.approx(40.0)
+    assert charged.predict_ms([1, 0], [8, 0]) == pytest.approx(small * 40.0 / raw)
+    assert charged.predicted_speedup([1, 0], [8, 0]) == pytest.approx(raw / small)
+    # a dense timing below its sum scales nothing
+    faster = dataclasses.replace(table, dense_ms=30.0, dense_predicted_ms=raw)
+    assert faster.dense_scale == 1.0 and faster.predict_ms([1, 0], [8, 0]) == pytest.approx(small)
 
 
 # ----------------------------------------------------------------------------- trusting a table
@@ -358,7 +366,7 @@ def test_an_unwritable_cache_folder_is_refused_before_any_timing(tmp_path, monke
 def test_a_built_table_charges_the_dense_time_its_blocks_do_not_explain(monkeypatch):
     """build_table on stubbed timings (no model is timed): A(h) = 0.5 h ms, F(w) = 0.05 w ms, 1 ms
     fixed per layer, a 10 ms base; the 2-layer dense model's blocks sum to 22.4 ms and it is timed
-    at 24 ms, so the table stores a 1.6 ms residual and predicts the dense layout at 24 ms."""
+    at 24 ms, so the table stores a 1.6 ms residual and scales every prediction by 24 / 22.4."""
     def medians(name: str) -> float:
         if name.startswith("heads="):
             return 7.0 + 0.5 * int(name[6:])
@@ -379,7 +387,7 @@ def test_a_built_table_charges_the_dense_time_its_blocks_do_not_explain(monkeypa
     assert table.dense_predicted_ms == pytest.approx(10.0 + 2 * (1.0 + 2.0 + 3.2))
     assert table.dense_ms == 24.0 and table.residual_ms == pytest.approx(1.6)
     assert table.predict_ms(*table.dense_layout()) == pytest.approx(24.0)
-    assert table.predict_ms([1, 0], [8, 0]) == pytest.approx(10.0 + 1.6 + 2 * 1.0 + 0.5 + 0.4)
+    assert table.predict_ms([1, 0], [8, 0]) == pytest.approx((10.0 + 2 * 1.0 + 0.5 + 0.4) * 24.0 / 22.4)
 
 
 def test_tables_of_another_length_or_thread_count_are_measured_and_cached_apart(tmp_path, monkeypatch):

@@ -179,7 +179,7 @@ def test_the_removed_model_computes_what_the_updated_weights_compute():
 class FlatTable:
     """A latency model with known costs: 1 ms a head, 0.1 ms a neuron, 1 ms fixed."""
 
-    base_ms, layer_fixed_ms, residual_ms, seq_len = 1.0, 0.0, 0.0, 10
+    base_ms, layer_fixed_ms, seq_len = 1.0, 0.0, 10
 
     def attention_ms(self, heads):
         return float(heads)
