@@ -449,9 +449,9 @@ DENSE_RETRIES = 2  # re-timings of a table whose dense model and blocks disagree
 def dense_gap(dense_ms: float, predicted_ms: float) -> int:
     """+1 when the dense timing is far above its blocks' sum (``predicted_ms``), -1 when far below, 0
     when they agree within ``DENSE_TOLERANCE`` of the smaller or ``DENSE_FLOOR_MS``. Noise only adds
-    time, so +1 says the dense model was timed on a busy machine (the table would charge the gap to
-    every model as a fixed cost) and -1 that the blocks were (every block too slow: a search on them
-    cuts the wrong ones); a sum of 0 or less is never trusted."""
+    time, so +1 says the dense model was timed on a busy machine (its absolute predictions would be
+    too slow) and -1 that the blocks were (every block too dear, and not alike: a search on them cuts
+    the wrong ones); a sum of 0 or less is never trusted."""
     if predicted_ms <= 0:
         return -1
     if dense_ms - predicted_ms > max(DENSE_TOLERANCE * predicted_ms, DENSE_FLOOR_MS):
