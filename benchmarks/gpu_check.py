@@ -10,10 +10,18 @@ exports and PyTorch peers on a CUDA machine.
    calibration, on the GPU): torch-fp16 against torch-sparse (PyTorch's semi-structured sparse
    linears) at batch 32 x 512; without onnxruntime's CUDA provider the exports are recorded as not
    run and the benches time the PyTorch runtimes only;
-4. runs the tests marked ``gpu`` (after the MiniLM shape's bench, before BERT-base's); they include
+4. the speed family of the MiniLM shape on the CUDA runtime (fp16): the random-weight model is
+   fine-tuned one epoch on the bundled sample (``--task sample``, a tokenizer over the sample's
+   words saved beside it), then ``compress prune --stage post-training --structured heads,ffn
+   --speedup 2,3,4 --latency-runtime ort-cuda-fp16 --latency-shape 32x128`` measures its latency
+   table on the GPU, builds the members, exports them in fp16 and benches them against the dense
+   fp16 export and PyTorch eager fp32 (accuracy on 64 sample sentences means nothing here: the
+   question is speed); ``family.md``, ``family.json`` and ``latency_table.json`` are kept in
+   ``--work``;
+5. runs the tests marked ``gpu`` (after the MiniLM shape's family, before BERT-base's); they include
    a bf16 export checked on CUDA (does onnxruntime's CUDA provider run the bfloat16 graph?), and a
    bf16 export of the MiniLM shape comes last if time is left;
-5. rewrites the result JSON (``--out``) after every step (a killed run keeps what it finished):
+6. rewrites the result JSON (``--out``) after every step (a killed run keeps what it finished):
    every step's command, exit code, seconds and output tail, the export reports, each bench table;
    the bench run folders, the tests' JUnit XML and nvidia-smi's answer go to ``--work``. The models
    and .onnx files (about 1.5 GB with BERT-base's) go to ``--models-dir`` (default: a temporary
@@ -22,7 +30,7 @@ exports and PyTorch peers on a CUDA machine.
 Steps run in order of what the GPU question needs most and stop when ``--budget-s`` is spent (the
 rest are recorded as not run). ``--tiny`` is the CPU rehearsal a test runs: one 2-layer hidden-32
 model, fp16 only, CPU runtimes (torch, torch-int8; torch-fp16 reported as skipped), batch 2 x 16,
-no tests step.
+a family of 1.5x and 2x aimed at ``ort-fp32`` at 2 x 16, no tests step.
 
     python -m benchmarks gpu-check --work /tmp/gpu-check --out /tmp/gpu-check/gpu_check.json   # on a GPU
     python -m benchmarks gpu-check --tiny --work /tmp/gpu-check    # the CPU rehearsal (what a test runs)
@@ -49,6 +57,9 @@ GPU_BENCH = ["--batch-sizes", "32,1", "--seq-lens", "128", "--warmup", "3", "--i
 TINY_BENCH = ["--batch-sizes", "2", "--seq-lens", "16", "--warmup", "1", "--iterations", "1",
               "--rounds", "1", "--settle-s", "0", "--matmul-n", "64", "--provider", "cpu",
               "--runtimes", "torch,torch-fp16,torch-int8"]
+# the speed family: targets, latency runtime and shape (the GPU's, then the CPU rehearsal's)
+GPU_FAMILY = ("2,3,4", "ort-cuda-fp16", 32, 128)
+TINY_FAMILY = ("1.5,2", "ort-fp32", 2, 16)
 GPU_TESTS = ["tests/unit/test_export_half.py", "tests/unit/test_bench_peers.py",
              "tests/unit/test_export_parity.py"]
 
@@ -87,8 +98,9 @@ class Check:
         self.record["elapsed_s"] = round(time.monotonic() - self.start, 1)
         self._save(self.record)
 
-    def run(self, name: str, cmd: list[str], min_s: float = 20.0) -> dict:
-        """Run ``cmd`` (in the repository root) within what is left of the budget; record it."""
+    def run(self, name: str, cmd: list[str], min_s: float = 20.0, env: dict[str, str] | None = None) -> dict:
+        """Run ``cmd`` (in the repository root, with ``env`` added) within what is left of the budget;
+        record it."""
         step: dict = {"name": name, "cmd": cmd}
         left = self.left_s()
         if left < min_s:
@@ -98,7 +110,7 @@ class Check:
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left,
                                       env={**os.environ, "HF_HUB_OFFLINE": "1", "COMPRESS_NO_PROGRESS": "1",
-                                           "TOKENIZERS_PARALLELISM": "false"})
+                                           "TOKENIZERS_PARALLELISM": "false", **(env or {})})
                 step.update(rc=proc.returncode, tail=(proc.stdout[-3000:] + proc.stderr[-3000:]))
             except subprocess.TimeoutExpired as exc:
                 said = exc.stdout or ""
@@ -145,6 +157,22 @@ def build_model(folder: Path, layers: int, hidden: int, heads: int, ffn: int) ->
                      num_labels=2)
     BertForSequenceClassification(cfg).save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def save_sample_tokenizer(folder: Path) -> None:
+    """A WordPiece tokenizer beside the model in ``folder``: the special tokens, every lower-cased word
+    of the bundled sample, and ``[unusedN]`` rows up to ``VOCAB``, so that a random-weight model reads
+    a task's text with no hub and no packaged model."""
+    from importlib import resources
+
+    from transformers import BertTokenizerFast
+
+    lines = (resources.files("compress") / "data" / "sample.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    words = sorted({w for line in lines for w in line.split("\t")[0].lower().split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    vocab += [f"[unused{i}]" for i in range(VOCAB - len(vocab))]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
 
 
 def two_four_copy(src: Path, dst: Path, calibration_batches: int = 8, seq_len: int = 128) -> dict:
@@ -258,9 +286,37 @@ def run_check(args, ctx, out: Path, work: Path) -> dict:
                 "text": (run_dir / "bench.txt").read_text() if (run_dir / "bench.txt").is_file() else None}
             check.save()
 
+    def family(name: str) -> None:
+        targets, runtime, batch, tokens = TINY_FAMILY if args.tiny else GPU_FAMILY
+        if runtime == "ort-cuda-fp16" and not ort_cuda:
+            check.record["steps"].append({"name": f"family {name}", "rc": None,
+                                          "not_run": "onnxruntime has no CUDAExecutionProvider here"})
+            check.save()
+            return
+        save_sample_tokenizer(models[name])
+        tuned, fam = work / "family" / f"{name}-sample", work / "family" / f"{name}-family"
+        finetune = [*cli, "finetune", "--model", str(models[name]), "--task", "sample", "--epochs", "1",
+                    "--max-length", str(tokens), "--out", str(tuned)]
+        if check.run(f"finetune {name} on the sample", finetune).get("rc") != 0:
+            return
+        prune = [*cli, "prune", "--stage", "post-training", "--model", str(tuned), "--task", "sample",
+                 "--structured", "heads,ffn", "--speedup", targets, "--latency-runtime", runtime,
+                 "--latency-shape", f"{batch}x{tokens}", "--max-length", str(tokens), "--calibration-samples",
+                 "32", "--out", str(fam)]
+        # the table is measured now, on this machine, into the temporary folder
+        step = check.run(f"family {name}", prune, min_s=60.0, env={"COMPRESS_CACHE_DIR": str(work / "cache")})
+        if step.get("rc") == 0 and (fam / "family.json").is_file():
+            kept = out / "family" / name
+            kept.mkdir(parents=True, exist_ok=True)
+            for f in ("family.md", "family.json", "latency_table.json"):
+                shutil.copy2(fam / f, kept / f)
+            check.record.setdefault("family", {})[name] = json.loads((fam / "family.json").read_text())
+            check.save()
+
     names = list(shapes)
     first = names[0]
     bench(first, {"fp32": export(first, "fp32"), "fp16": export(first, "fp16")})
+    family(first)
     if not args.tiny:
         junit = out / "gpu-tests.xml"
         # addopts emptied: one process (no xdist workers competing for the one GPU)
