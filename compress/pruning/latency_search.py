@@ -90,6 +90,15 @@ def block_options(kind: str, layer: int, grads: torch.Tensor, importance: torch.
     return BlockOptions(kind, layer, tuple(counts), ms, tuple(float(losses[n - k]) for k in counts))
 
 
+def block_budget_ms(table, dense_ms: float, speedup: float, n_layers: int) -> float:
+    """The milliseconds the attention and FFN blocks of an ``n_layers`` model may take so that ``table``
+    predicts ``dense_ms / speedup``: the target time over the table's ``dense_scale`` (every
+    prediction is multiplied by it; 1 for a table without one), less what no choice of the search
+    changes (the embeddings and head, each layer's LayerNorms)."""
+    fixed_ms = table.base_ms + n_layers * table.layer_fixed_ms
+    return dense_ms / speedup / getattr(table, "dense_scale", 1.0) - fixed_ms
+
+
 def search_latency(blocks: Sequence[BlockOptions], budget_ms: float, resolution: int = 2000
                    ) -> tuple[list[int], float, float]:
     """The option of each block (index into its ``counts``) of least summed loss whose summed

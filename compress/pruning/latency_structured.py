@@ -30,6 +30,7 @@ from compress.pruning.fisher_structured import PhaseClock, apply_keep_lists, che
 from compress.pruning.fisher_tuning import SCALE_BOUND
 from compress.pruning.latency_search import (
     BlockOptions,
+    block_budget_ms,
     block_options,
     default_ffn_step,
     search_latency,
@@ -64,11 +65,7 @@ def plan_for_speedup(fisher: FisherImportance, table: LatencyModel, speedup: flo
     heads_full = [len(h) for h in fisher.heads]
     ffn_full = [len(n) for n in fisher.neurons]
     dense_ms = table.predict_ms(*(dense_sizes or (heads_full, ffn_full)))
-    # what no choice of the search changes: embeddings and head, each layer's LayerNorms
-    fixed_ms = table.base_ms + n_layers * table.layer_fixed_ms
-    # the table multiplies every prediction by its dense_scale: the blocks get what is left of the
-    # target time after the scale and the fixed costs
-    budget = dense_ms / speedup / getattr(table, "dense_scale", 1.0) - fixed_ms
+    budget = block_budget_ms(table, dense_ms, speedup, n_layers)
     blocks: list[BlockOptions] = []
     for layer in range(n_layers):
         h_counts = (list(range(0 if allow_empty else 1, heads_full[layer] + 1)) if "heads" in targets

@@ -49,7 +49,7 @@ from compress.models.modeling_pruned import can_empty_blocks
 from compress.pruning.fisher_masks import split_labels, to_device, unit_flops
 from compress.pruning.fisher_search import TARGETS
 from compress.pruning.fisher_structured import PhaseClock, check_targets
-from compress.pruning.latency_search import BlockOptions, search_latency, width_counts
+from compress.pruning.latency_search import BlockOptions, block_budget_ms, search_latency, width_counts
 from compress.pruning.layer_replay import layer_calls, real_tokens, replay_layer
 from compress.pruning.obs_groups import RemovalPath, remove_groups
 from compress.pruning.structured import check_removable, remove_structured
@@ -241,10 +241,7 @@ def plan_for_speedup_obs(database: RemovalDatabase, sizes: tuple[list[int], list
     heads, ffn = sizes
     dense_heads, dense_ffn = dense_sizes or sizes
     dense_ms = table.predict_ms(dense_heads, dense_ffn)
-    fixed_ms = table.base_ms + len(heads) * table.layer_fixed_ms
-    # the table multiplies every prediction by its dense_scale: the blocks get what is left of the
-    # target time after the scale and the fixed costs
-    budget = dense_ms / speedup / getattr(table, "dense_scale", 1.0) - fixed_ms
+    budget = block_budget_ms(table, dense_ms, speedup, len(heads))
     blocks = _options(database, heads, ffn, targets, allow_empty, table.attention_ms, table.ffn_ms, ffn_step)
     choices, _, loss = search_latency(blocks, budget)
     counts = [b.counts[j] for b, j in zip(blocks, choices)]
